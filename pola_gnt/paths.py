@@ -1,0 +1,28 @@
+"""Where things live: the project, the datasets, the LPIPS weights. Every path can be overridden."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DATA_ENV = "POLA_GNT_DATA"
+LPIPS_WEIGHTS_ENV = "POLA_GNT_LPIPS_WEIGHTS"
+
+
+def default_data_root() -> Path:
+    """The folder holding the scene folders.
+
+    `$POLA_GNT_DATA` may name either that folder or its parent (the one holding `nerf_llff_data/`);
+    without it, `data/nerf_llff_data` in the project.
+    """
+    env = os.environ.get(DATA_ENV)
+    if env:
+        root = Path(env).expanduser()
+        return root / "nerf_llff_data" if (root / "nerf_llff_data").is_dir() else root
+    return PROJECT_ROOT / "data" / "nerf_llff_data"
+
+
+def demo_scene_dir() -> Path:
+    """Where the synthetic demo scene is generated on first use (git-ignored)."""
+    return PROJECT_ROOT / "data" / "demo"
