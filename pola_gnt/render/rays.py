@@ -95,8 +95,8 @@ def project_points(
     """Project world `points` `[..., 3]` into each source view (`c2w` `[views, 4, 4]`,
     `intrinsics` `[views, 3, 3]`) with `K inv(c2w) x`.
 
-    A pixel `(u, v)` is inside the image when `0 <= u <= W - 1` and `0 <= v <= H - 1`, the range
-    where bilinear sampling at integer pixel centres reads real pixels.
+    A point is inside the image when it falls on a pixel's area: `-0.5 <= u <= W - 0.5` and
+    `-0.5 <= v <= H - 0.5` (pixel centres are integers; sample with border padding).
     """
     batch_shape = points.shape[:-1]
     flat = points.reshape(-1, 3)  # [points, 3]
@@ -108,8 +108,8 @@ def project_points(
     pixels = image[..., :2] / safe_depth[..., None]
     in_front = depth > 1e-6
     inside = (
-        (pixels[..., 0] >= 0) & (pixels[..., 0] <= width - 1)
-        & (pixels[..., 1] >= 0) & (pixels[..., 1] <= height - 1)
+        (pixels[..., 0] >= -0.5) & (pixels[..., 0] <= width - 0.5)
+        & (pixels[..., 1] >= -0.5) & (pixels[..., 1] <= height - 0.5)
     )
     n_views = c2w.shape[0]
     return Projection(
@@ -129,7 +129,7 @@ def relative_directions(points: Tensor, target_center: Tensor, source_centers: T
     """GNT's 4-number relative direction per (point, source view): `[normalize(a - b), a . b]`.
 
     `a` is the unit vector from the point to the target camera, `b` to the source camera.
-    points `[rays, samples, 3]`, target_center `[3]`, source_centers `[views, 3]`
+    points `[rays, samples, 3]`, target_center `[3]` or per ray `[rays, 1, 3]`, source_centers `[views, 3]`
     -> `[rays, samples, views, 4]`.
     """
     to_target = torch.nn.functional.normalize(target_center - points, dim=-1)  # [rays, samples, 3]

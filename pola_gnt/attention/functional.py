@@ -1,0 +1,388 @@
+"""Polarity-aware attention with learnable channel-wise spiky feature maps (PolaFormer++ PaCS).
+
+Math (see `docs/pola_attention.md` in the shared design notes), per head with head dim `d`:
+
+    [q+, q-] = [relu(q), relu(-q)]                       (likewise for k)
+    Qs = expm1(temp_same * [q+, q-])                     same-sign query features   [..., Nq, 2d]
+    Qo = expm1(temp_opp  * [q-, q+])                     opposite-sign query features
+    K  = expm1([k+, k-])                                 key features (no temperature)
+    out_s = Qs (K^T v1) / (Qs . sum_j K_j + eps)         v1 = v[..., :d/2]
+    out_o = Qo (K^T v2) / (Qo . sum_j K_j + eps)         v2 = v[..., d/2:]
+    out   = [out_s, out_o]                               [..., Nq, d]
+
+Two association orders compute the same function:
+- quadratic: `w_ij = Qs_i . K_j`, `out_i = sum_j w_ij v_j / (sum_j w_ij + eps)`, cost O(Nq Nk 2d);
+- linear: `Qs (K^T v)`, cost O((Nq + Nk) 2d d), memory O((Nq + Nk) d) with the custom autograd
+  function below, which recomputes the feature maps in backward instead of storing them and walks
+  long sequences in chunks so that no `[..., N, 2d]` feature tensor is ever held whole.
+
+Numerics:
+- `EPSILON = 1e-6` is added to each stream's denominator `sum_j w_ij` (a *sum*, not the mean used by
+  the official code). It only matters when every weight is ~0: a query whose keys are all masked,
+  or a query of all zeros, then gets an output of exactly 0 instead of 0 / 0.
+- `EXPONENT_CLAMP = 20` bounds every exponent input (the features are `expm1(min(z, 20))`, so each
+  is at most e^20 ~ 4.9e8). A query-key weight is then at most 2d * e^40 ~ 6e19 for d = 128, a sum
+  over 1e6 keys at most ~6e25, and times |v| <= 6.5e4 (the fp16 maximum) at most ~4e30, well below
+  the fp32 maximum 3.4e38; backward terms are of the same size. Without the bound exp overflows fp32
+  at 88.7 (fp16 at 11.1), and sums of many large features would overflow long before that.
+  A ratio of e^20 between two features is already a one-hot weight, so the bound costs nothing in
+  expressiveness.
+- Everything (feature maps, both sums, the division) runs in fp32 with autocast disabled, or in fp64
+  for fp64 inputs; the output is cast back to the dtype of `q`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+EPSILON = 1e-6
+EXPONENT_CLAMP = 20.0
+
+# Sequence chunks of the linear form. A chunk's temporaries are about 20 [..., chunk, d] tensors; with
+# a sixteenth of the sequence per chunk they stay near one [..., N, d] tensor, so forward+backward
+# needs little more than the output and the three input gradients (the memory of SDPA). Chunks hold
+# at least _MIN_CHUNK_ELEMENTS (below PyTorch's parallel grain size, ops run on one thread and per-op
+# overhead would dominate) and at most _MAX_CHUNK_ELEMENTS feature elements ([..., chunk, 2d]).
+_CHUNKS_PER_SEQUENCE = 16
+_MIN_CHUNK_ELEMENTS = 2**15
+_MAX_CHUNK_ELEMENTS = 2**21
+
+Form = Literal["linear", "quadratic", "auto"]
+FORMS = ("linear", "quadratic", "auto")
+
+
+# --------------------------------------------------------------------------------------------------
+# Feature maps
+
+
+def polarity_split(x: Tensor) -> tuple[Tensor, Tensor]:
+    """`x = x+ - x-` with both parts >= 0: `(relu(x), relu(-x))`."""
+    return torch.relu(x), torch.relu(-x)
+
+
+def spiky(z: Tensor) -> Tensor:
+    """The PaCS map `expm1(min(z, EXPONENT_CLAMP))`; `z >= 0` here, so features are >= 0 and 0 at 0."""
+    return torch.expm1(z.clamp(max=EXPONENT_CLAMP))
+
+
+def query_features(q: Tensor, temp_same: Tensor, temp_opp: Tensor) -> tuple[Tensor, Tensor]:
+    """Same-sign and opposite-sign query features, each `[..., Nq, 2d]` from `q` `[..., Nq, d]`."""
+    pos, neg = polarity_split(q)
+    same = spiky(temp_same * torch.cat([pos, neg], dim=-1))
+    opp = spiky(temp_opp * torch.cat([neg, pos], dim=-1))
+    return same, opp
+
+
+def key_features(k: Tensor, key_mask: Tensor | None = None) -> Tensor:
+    """Key features `[..., Nk, 2d]`; masked keys get all-zero features so they drop out of every sum."""
+    pos, neg = polarity_split(k)
+    features = spiky(torch.cat([pos, neg], dim=-1))
+    if key_mask is not None:
+        features = features * key_mask.unsqueeze(-1).to(features.dtype)
+    return features
+
+
+# --------------------------------------------------------------------------------------------------
+# Quadratic form
+
+
+def polarity_attention_quadratic(
+    q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor, key_mask: Tensor | None = None
+) -> Tensor:
+    """Explicit weights `[..., Nq, Nk]` per stream; plain autograd. Inputs already in compute dtype."""
+    half = v.shape[-1] // 2
+    q_same, q_opp = query_features(q, temp_same, temp_opp)
+    keys_t = key_features(k, key_mask).transpose(-1, -2)  # [..., 2d, Nk]
+    outputs = []
+    for q_feat, values in ((q_same, v[..., :half]), (q_opp, v[..., half:])):
+        weights = q_feat @ keys_t  # [..., Nq, Nk], >= 0
+        outputs.append((weights @ values) / (weights.sum(dim=-1, keepdim=True) + EPSILON))
+    return torch.cat(outputs, dim=-1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Linear form: custom autograd with recomputation
+#
+# Half-width evaluation. Of the two parts `x+`, `x-` of a channel at most one is non-zero, so a
+# feature tensor `[expm1(t+ x+), expm1(t- x-)]` `[..., n, 2d]` is `expm1(t_x |x|)` `[..., n, d]`, with
+# `t_x` the temperature of the part that is non-zero, scattered into the `x+` or `x-` slot by the sign
+# of `x`: the expensive exponential runs on d channels instead of 2d. Both query streams are stacked
+# on a stream axis, `[..., 2, n, ...]`: the same-sign stream pairs the `q+` slot with the key rows of
+# `k+`, the opposite-sign stream pairs it with the rows of `k-` (and vice versa), which amounts to
+# swapping the two row halves of the key statistics. Per stream, one matmul with the statistics
+# `W = [K^T v (its half of the value channels), sum K]` `[2d, d/2 + 1]` gives numerator and denominator.
+
+
+def _swap_halves(x: Tensor, dim: int = -1) -> Tensor:
+    """Exchange the two halves of `dim` (the `x+` and `x-` parts of a 2d feature axis)."""
+    first, second = x.chunk(2, dim=dim)
+    return torch.cat([second, first], dim=dim)
+
+
+def _chunk_tokens(x: Tensor) -> int:
+    """Tokens per chunk of `x` `[..., N, d]` (see `_CHUNKS_PER_SEQUENCE`)."""
+    per_token = max(1, x[..., 0, :].numel() * 2)  # feature elements of one token
+    target = x.numel() * 2 // _CHUNKS_PER_SEQUENCE
+    elements = min(max(target, _MIN_CHUNK_ELEMENTS), _MAX_CHUNK_ELEMENTS)
+    return max(1, elements // per_token)
+
+
+def _chunks(length: int, size: int):
+    for start in range(0, length, size):
+        yield slice(start, min(start + size, length))
+
+
+def _scatter_by_sign(values: Tensor, positive: Tensor) -> Tensor:
+    """`[values where x > 0 else 0, values where x <= 0 else 0]`: `[..., n, d]` -> `[..., n, 2d]`."""
+    d = values.shape[-1]
+    out = values.new_empty(*torch.broadcast_shapes(values.shape, positive.shape)[:-1], 2 * d)
+    zero = values.new_zeros(())
+    torch.where(positive, values, zero, out=out[..., :d])
+    torch.where(positive, zero, values, out=out[..., d:])
+    return out
+
+
+def _gather_by_sign(grad: Tensor, positive: Tensor) -> Tensor:
+    """Adjoint of `_scatter_by_sign`: `[..., n, 2d]` -> `[..., n, d]`."""
+    d = grad.shape[-1] // 2
+    return torch.where(positive, grad[..., :d], grad[..., d:])
+
+
+def _exponent_slope(features: Tensor, exponent: Tensor) -> Tensor:
+    """d/dz of `expm1(min(z, B))`: `exp(z) = features + 1` below the clamp, 0 above. Overwrites `features`."""
+    return features.add_(1.0).masked_fill_(exponent > EXPONENT_CLAMP, 0.0)
+
+
+def _stream_temperatures(temp_same: Tensor, temp_opp: Tensor) -> tuple[Tensor, Tensor]:
+    """Temperatures of the positive and of the negative part of `q`, `[..., 2 (stream), 1, d]` each.
+
+    Same-sign stream: `q+` uses `temp_same[:d]`, `q-` uses `temp_same[d:]`; opposite-sign stream
+    (features `expm1(temp_opp * [q-, q+])`): `q+` uses `temp_opp[d:]`, `q-` uses `temp_opp[:d]`.
+    """
+    temp_same, temp_opp = torch.broadcast_tensors(temp_same, temp_opp)
+    if temp_same.dim() == 1:
+        temp_same, temp_opp = temp_same.unsqueeze(0), temp_opp.unsqueeze(0)
+    same_pos, same_neg = temp_same.chunk(2, dim=-1)
+    opp_neg, opp_pos = temp_opp.chunk(2, dim=-1)
+    return torch.stack([same_pos, opp_pos], dim=-3), torch.stack([same_neg, opp_neg], dim=-3)
+
+
+def _temperature_grads(grad_pos: Tensor, grad_neg: Tensor) -> tuple[Tensor, Tensor]:
+    """Adjoint of `_stream_temperatures`: `[..., 2, 1, d]` pairs -> `[..., 1, 2d]` (same, opp)."""
+    grad_same = torch.cat([grad_pos[..., 0, :, :], grad_neg[..., 0, :, :]], dim=-1)
+    grad_opp = torch.cat([grad_neg[..., 1, :, :], grad_pos[..., 1, :, :]], dim=-1)
+    return grad_same, grad_opp
+
+
+def _query_features(x: Tensor, temp_pos: Tensor, temp_neg: Tensor):
+    """Both streams' query features `[..., 2, n, 2d]` of `x` `[..., n, d]`, and what backward reuses."""
+    positive = (x > 0).unsqueeze(-3)  # [..., 1, n, d]
+    magnitude = x.abs().unsqueeze(-3)
+    temps = torch.where(positive, temp_pos, temp_neg)  # [..., 2, n, d]
+    exponent = temps * magnitude
+    features = torch.expm1(exponent.clamp_max(EXPONENT_CLAMP))
+    return _scatter_by_sign(features, positive), (positive, magnitude, temps, exponent, features)
+
+
+def _key_features(x: Tensor, visible: Tensor | None):
+    """Key features `[..., n, 2d]` (zero for masked keys) of `x` `[..., n, d]`, and what backward reuses."""
+    positive = x > 0
+    exponent = x.abs()
+    features = torch.expm1(exponent.clamp_max(EXPONENT_CLAMP))
+    if visible is not None:
+        features = features * visible
+    return _scatter_by_sign(features, positive), (positive, exponent, features)
+
+
+def _stream_stats(key_stats: Tensor) -> Tensor:
+    """Per-stream matrices `[..., 2, 2d, d/2 + 1]` from `[K^T v, sum K]` `[..., 2d, d + 1]`."""
+    d = key_stats.shape[-1] - 1
+    half = d // 2
+    same = torch.cat([key_stats[..., :half], key_stats[..., d:]], dim=-1)
+    opp = _swap_halves(key_stats[..., half:], dim=-2)  # q+ slot meets k- rows
+    return torch.stack([same, opp], dim=-3)
+
+
+def _stream_stats_backward(grad: Tensor) -> Tensor:
+    """Adjoint of `_stream_stats`: `[..., 2, 2d, d/2 + 1]` -> `[..., 2d, d + 1]`."""
+    half = grad.shape[-1] - 1
+    grad_same, grad_opp = grad[..., 0, :, :], _swap_halves(grad[..., 1, :, :], dim=-2)
+    return torch.cat([grad_same[..., :half], grad_opp[..., :half], grad_same[..., half:] + grad_opp[..., half:]], dim=-1)
+
+
+def _streams_to_channels(x: Tensor) -> Tensor:
+    """`[..., 2, n, d/2]` -> `[..., n, d]` (same-sign channels first)."""
+    return x.transpose(-3, -2).flatten(-2)
+
+
+def _normalise(numerators_and_denominators: Tensor) -> tuple[Tensor, Tensor]:
+    """`[..., 2, n, d/2 + 1]` -> outputs `[..., 2, n, d/2]` and denominators + eps `[..., 2, n, 1]`."""
+    denominators = numerators_and_denominators[..., -1:] + EPSILON
+    return numerators_and_denominators[..., :-1] / denominators, denominators
+
+
+class _PolarityLinearAttention(torch.autograd.Function):
+    """Linear form storing only the inputs and the key statistics `[K^T v, sum K]` `[..., 2d, d + 1]`.
+
+    Forward: pass 1 over key chunks accumulates the statistics; pass 2 over query chunks writes the
+    output. Backward repeats both passes in reverse order, recomputing each chunk's features, so peak
+    memory is the inputs, their gradients and one chunk's features.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, temp_same, temp_opp, key_mask):
+        d = q.shape[-1]
+        key_stats = q.new_zeros(*k.shape[:-2], 2 * d, d + 1)
+        for chunk in _chunks(k.shape[-2], _chunk_tokens(k)):
+            visible = None if key_mask is None else key_mask[..., chunk, None].to(k.dtype)
+            keys, _ = _key_features(k[..., chunk, :], visible)
+            key_stats[..., :d] += keys.transpose(-1, -2) @ v[..., chunk, :]
+            key_stats[..., d] += keys.sum(dim=-2)
+
+        temp_pos, temp_neg = _stream_temperatures(temp_same, temp_opp)
+        stats = _stream_stats(key_stats)
+        out = q.new_empty(*q.shape[:-1], d)
+        for chunk in _chunks(q.shape[-2], _chunk_tokens(q)):
+            features, _ = _query_features(q[..., chunk, :], temp_pos, temp_neg)
+            result, _ = _normalise(features @ stats)
+            out[..., chunk, :] = _streams_to_channels(result)
+
+        ctx.save_for_backward(q, k, v, temp_same, temp_opp, key_mask, key_stats)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, temp_same, temp_opp, key_mask, key_stats = ctx.saved_tensors
+        d = q.shape[-1]
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            grad_out = grad_out.to(q.dtype)
+            temp_pos, temp_neg = _stream_temperatures(temp_same, temp_opp)
+            stats = _stream_stats(key_stats)
+            grad_q = torch.empty_like(q)
+            grad_stats = torch.zeros_like(stats)
+            grad_temp_pos = q.new_zeros(*q.shape[:-2], *temp_pos.shape[-3:])
+            grad_temp_neg = torch.zeros_like(grad_temp_pos)
+
+            # Pass 1 (queries): out = num / den, so d num = g / den and d den = -(g . out) / den.
+            for chunk in _chunks(q.shape[-2], _chunk_tokens(q)):
+                x = q[..., chunk, :]
+                features, (positive, magnitude, temps, exponent, half_features) = _query_features(x, temp_pos, temp_neg)
+                result, denominators = _normalise(features @ stats)  # [..., 2, n, d/2], [..., 2, n, 1]
+                grad_result = grad_out[..., chunk, :].unflatten(-1, (2, d // 2)).transpose(-3, -2)
+                grad_den = -(grad_result * result).sum(dim=-1, keepdim=True)
+                grad_nd = torch.cat([grad_result, grad_den], dim=-1).div_(denominators)  # [..., 2, n, d/2 + 1]
+                grad_stats += features.transpose(-1, -2) @ grad_nd
+                grad_half = _gather_by_sign(grad_nd @ stats.transpose(-1, -2), positive)  # [..., 2, n, d]
+                grad_exponent = grad_half.mul_(_exponent_slope(half_features, exponent))
+                grad_q[..., chunk, :] = (grad_exponent * temps).sum(dim=-3).mul_(torch.sign(x))
+                grad_temps = grad_exponent.mul_(magnitude)
+                grad_temp_pos += grad_temps.masked_fill(~positive, 0.0).sum(dim=-2, keepdim=True)
+                grad_temp_neg += grad_temps.masked_fill_(positive, 0.0).sum(dim=-2, keepdim=True)
+
+            # Pass 2 (keys): key_stats = [K^T v, sum K].
+            grad_key_stats = _stream_stats_backward(grad_stats)  # [..., 2d, d + 1]
+            grad_kv, grad_k_sum = grad_key_stats[..., :d], grad_key_stats[..., d:].transpose(-1, -2)
+            grad_k = torch.empty_like(k)
+            grad_v = torch.empty_like(v)
+            for chunk in _chunks(k.shape[-2], _chunk_tokens(k)):
+                x = k[..., chunk, :]
+                visible = None if key_mask is None else key_mask[..., chunk, None].to(k.dtype)
+                keys, (positive, exponent, half_features) = _key_features(x, visible)
+                grad_v[..., chunk, :] = keys @ grad_kv
+                grad_keys = v[..., chunk, :] @ grad_kv.transpose(-1, -2) + grad_k_sum  # [..., n, 2d]
+                grad_half = _gather_by_sign(grad_keys, positive)
+                if visible is not None:  # masked keys: zero gradient (their slope below is then moot)
+                    grad_half = grad_half * visible
+                grad_half.mul_(_exponent_slope(half_features, exponent))
+                grad_k[..., chunk, :] = grad_half.mul_(torch.sign(x))
+
+            grad_temp_same, grad_temp_opp = _temperature_grads(grad_temp_pos, grad_temp_neg)
+        return (
+            grad_q,
+            grad_k,
+            grad_v,
+            grad_temp_same.sum_to_size(temp_same.shape) if ctx.needs_input_grad[3] else None,
+            grad_temp_opp.sum_to_size(temp_opp.shape) if ctx.needs_input_grad[4] else None,
+            None,
+        )
+
+
+def polarity_attention_linear(
+    q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor, key_mask: Tensor | None = None
+) -> Tensor:
+    """Linear form in PyTorch (memory-lean custom autograd). Inputs already in compute dtype."""
+    return _PolarityLinearAttention.apply(q, k, v, temp_same, temp_opp, key_mask)
+
+
+# --------------------------------------------------------------------------------------------------
+# Public entry point
+
+
+def resolve_form(form: str, num_queries: int, num_keys: int, head_dim: int) -> str:
+    """`auto` picks the cheaper association: O(Nq Nk 2d) quadratic vs O((Nq + Nk) 2d d) linear."""
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+    if form != "auto":
+        return form
+    return "quadratic" if num_queries * num_keys <= (num_queries + num_keys) * head_dim else "linear"
+
+
+def _check_shapes(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> None:
+    if q.shape[-1] != k.shape[-1] or k.shape[:-1] != v.shape[:-1] or v.shape[-1] != q.shape[-1]:
+        raise ValueError(f"expected q [..., Nq, d], k and v [..., Nk, d]; got {q.shape}, {k.shape}, {v.shape}")
+    if q.shape[-1] % 2:
+        raise ValueError(f"head dim must be even (two value halves), got {q.shape[-1]}")
+    if key_mask is not None and (key_mask.dtype != torch.bool or key_mask.shape[-1] != k.shape[-2]):
+        raise ValueError(f"key_mask must be bool [..., Nk={k.shape[-2]}], got {key_mask.dtype} {key_mask.shape}")
+
+
+def _triton_attention():
+    """The fused CUDA kernel, if its module is importable (it is optional)."""
+    try:
+        from pola_gnt.attention.triton_kernel import polarity_attention_triton, triton_supported
+    except ImportError:
+        return None
+    return triton_supported, polarity_attention_triton
+
+
+def polarity_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    temp_same: Tensor,
+    temp_opp: Tensor,
+    key_mask: Tensor | None = None,
+    form: Form = "auto",
+) -> Tensor:
+    """Polarity-aware attention (PolaFormer++).
+
+    Args:
+        q: `[..., Nq, d]` queries (d even; leading dims are batch and heads).
+        k, v: `[..., Nk, d]` keys and values.
+        temp_same, temp_opp: temperatures in (0, 1], broadcastable to `[..., 1, 2d]`.
+        key_mask: bool `[..., Nk]`, True where a key may be attended; masked keys count in neither
+            numerator nor denominator. A query with every key masked gets zeros.
+        form: "linear", "quadratic" or "auto" (cheaper association order for these shapes).
+
+    Returns:
+        `[..., Nq, d]` in the dtype of `q`: channels `[0, d/2)` are the same-sign stream,
+        `[d/2, d)` the opposite-sign stream.
+    """
+    _check_shapes(q, k, v, key_mask)
+    resolved = resolve_form(form, q.shape[-2], k.shape[-2], q.shape[-1])
+    if resolved == "linear" and q.is_cuda:
+        triton = _triton_attention()
+        if triton is not None and triton[0](q):
+            return triton[1](q, k, v, temp_same, temp_opp, key_mask)
+
+    compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        inputs = [t.to(compute_dtype) for t in (q, k, v, temp_same, temp_opp)]
+        if resolved == "linear":
+            out = polarity_attention_linear(*inputs, key_mask)
+        else:
+            out = polarity_attention_quadratic(*inputs, key_mask)
+    return out.to(q.dtype)

@@ -1,0 +1,240 @@
+"""View (cross) and ray (self) attention modules behind one interface: pola | softmax | subtraction.
+
+Each module owns its input projections and its output projection; the transformer block around it
+(pre-LayerNorm, residual, FFN) lives in `pola_gnt.model.transformer`.
+
+    view attention:  forward(query [points, dim], view_tokens [points, views, dim],
+                             rel_dirs [points, views, 4], view_mask bool [points, views]) -> [points, dim]
+    ray attention:   forward(tokens [rays, samples, dim], sample_mask bool [rays, samples] | None)
+                     -> [rays, samples, dim]
+
+Masked views / samples are excluded from every sum; a point (or ray) with nothing visible gets zeros
+from the attention itself (never NaN) in every kind.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pola_gnt.attention.functional import polarity_attention
+
+VIEW_ATTENTION_KINDS = ("pola", "softmax", "subtraction")
+RAY_ATTENTION_KINDS = ("pola", "softmax")
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared pieces
+
+
+def relative_direction_mlp(dim: int) -> nn.Sequential:
+    """GNT's `pos_fc`: embeds the 4-number relative direction `[normalize(a - b), a . b]`."""
+    return nn.Sequential(nn.Linear(4, dim // 8), nn.ReLU(), nn.Linear(dim // 8, dim))
+
+
+def split_heads(x: Tensor, heads: int) -> Tensor:
+    """`[..., n, heads * d]` -> `[..., heads, n, d]`."""
+    return x.unflatten(-1, (heads, -1)).transpose(-2, -3)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """`[..., heads, n, d]` -> `[..., n, heads * d]`."""
+    return x.transpose(-2, -3).flatten(-2)
+
+
+def _check_heads(dim: int, heads: int, even_head_dim: bool = False) -> None:
+    if heads < 1 or dim % heads:
+        raise ValueError(f"dim ({dim}) must be divisible by heads ({heads})")
+    if even_head_dim and (dim // heads) % 2:
+        raise ValueError(f"pola attention needs an even head dim, got dim {dim} / heads {heads}")
+
+
+def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
+    """Scaled dot-product attention `[..., heads, Nq, d]` with a key mask `[..., Nk]`.
+
+    SDPA gives NaN for a row whose keys are all masked; such rows attend to every key instead (so the
+    computation and its gradients stay finite) and their output is then zeroed.
+    """
+    if key_mask is None:
+        return F.scaled_dot_product_attention(q, k, v)
+    any_visible = key_mask.any(dim=-1, keepdim=True)  # [..., 1]
+    safe_mask = key_mask | ~any_visible
+    attn_mask = safe_mask[..., None, None, :]  # [..., 1 (heads), 1 (queries), Nk]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+    return out * any_visible[..., None, None, :].to(out.dtype)
+
+
+class PolaAttentionBase(nn.Module):
+    """Shared by the pola view and ray modules: temperatures, gating, output projection.
+
+    The gate `g` multiplies the attention output element-wise without an activation; per head, its
+    channels `[0, d/2)` gate the same-sign stream ("Gs") and `[d/2, d)` the opposite-sign one ("Go").
+    """
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        _check_heads(dim, heads, even_head_dim=True)
+        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
+        # Per-head, per-channel temperatures sigmoid(s): zero-initialised (0.5), one per channel of
+        # both halves [x+, x-] of the same-sign (s1) and opposite-sign (s2) query feature maps.
+        self.s1 = nn.Parameter(torch.zeros(heads, 2 * self.head_dim))
+        self.s2 = nn.Parameter(torch.zeros(heads, 2 * self.head_dim))
+        self.proj = nn.Linear(dim, dim)
+        self.record_gates = False  # set by diagnostics.capture_gates
+        self.last_gate: Tensor | None = None  # [tokens, dim], only while recording
+
+    def temperatures(self) -> tuple[Tensor, Tensor]:
+        """`(temp_same, temp_opp)`, each `[heads, 2 * head_dim]`, values in (0, 1)."""
+        return torch.sigmoid(self.s1), torch.sigmoid(self.s2)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
+        """Heads-split polarity attention: q `[..., heads, Nq, d]`, k, v `[..., heads, Nk, d]`."""
+        temp_same, temp_opp = self.temperatures()
+        mask = None if key_mask is None else key_mask.unsqueeze(-2).expand(*k.shape[:-1])
+        return polarity_attention(q, k, v, temp_same.unsqueeze(-2), temp_opp.unsqueeze(-2), mask)
+
+    def _gated_output(self, attended: Tensor, gate: Tensor) -> Tensor:
+        """`proj(gate * attended)`; both `[..., dim]`."""
+        if self.record_gates:
+            self.last_gate = gate.detach().reshape(-1, self.dim)
+        return self.proj(gate * attended)
+
+
+# --------------------------------------------------------------------------------------------------
+# View (cross) attention: one query per point, one key/value per source view
+
+
+class PolaViewAttention(PolaAttentionBase):
+    """Polarity-aware cross-attention from the point token to its views (no LePE: views are a set)."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__(dim, heads)
+        self.to_qg = nn.Linear(dim, 2 * dim)
+        self.to_kv = nn.Linear(dim, 2 * dim)
+        self.pos_fc = relative_direction_mlp(dim)
+
+    def forward(self, query: Tensor, view_tokens: Tensor, rel_dirs: Tensor, view_mask: Tensor) -> Tensor:
+        q, gate = self.to_qg(query).chunk(2, dim=-1)  # [points, dim] each
+        k, v = self.to_kv(view_tokens).chunk(2, dim=-1)  # [points, views, dim] each
+        pos = self.pos_fc(rel_dirs)
+        q = split_heads(q.unsqueeze(-2), self.heads)  # [points, heads, 1, head_dim]
+        k, v = split_heads(k + pos, self.heads), split_heads(v + pos, self.heads)
+        attended = merge_heads(self._attend(q, k, v, view_mask)).squeeze(-2)  # [points, dim]
+        return self._gated_output(attended, gate)
+
+
+class SoftmaxViewAttention(nn.Module):
+    """Multi-head dot-product cross-attention over views, relative-direction embedding on k and v."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        _check_heads(dim, heads)
+        self.heads = heads
+        self.to_q = nn.Linear(dim, dim)
+        self.to_kv = nn.Linear(dim, 2 * dim)
+        self.pos_fc = relative_direction_mlp(dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, query: Tensor, view_tokens: Tensor, rel_dirs: Tensor, view_mask: Tensor) -> Tensor:
+        q = split_heads(self.to_q(query).unsqueeze(-2), self.heads)  # [points, heads, 1, head_dim]
+        k, v = self.to_kv(view_tokens).chunk(2, dim=-1)
+        pos = self.pos_fc(rel_dirs)
+        k, v = split_heads(k + pos, self.heads), split_heads(v + pos, self.heads)
+        attended = merge_heads(masked_sdpa(q, k, v, view_mask)).squeeze(-2)
+        return self.proj(attended)
+
+
+class SubtractionViewAttention(nn.Module):
+    """GNT's original view attention: per-channel *subtraction* vector attention over views.
+
+    `A = softmax_views(attn_fc(k - q + pos))`, `out = out_fc(sum_v (v + pos) * A)`. The original
+    computes the values from the already-projected keys (`V = Wv(Wk x)`); here `V = Wv(x)`.
+    Per-channel attention has no heads; `heads` is accepted for a uniform constructor only.
+    """
+
+    def __init__(self, dim: int, heads: int = 1):
+        super().__init__()
+        _check_heads(dim, heads)
+        self.to_q = nn.Linear(dim, dim, bias=False)
+        self.to_k = nn.Linear(dim, dim, bias=False)
+        self.to_v = nn.Linear(dim, dim, bias=False)
+        self.pos_fc = relative_direction_mlp(dim)
+        self.attn_fc = nn.Sequential(nn.Linear(dim, dim // 8), nn.ReLU(), nn.Linear(dim // 8, dim))
+        self.out_fc = nn.Linear(dim, dim)
+
+    def forward(self, query: Tensor, view_tokens: Tensor, rel_dirs: Tensor, view_mask: Tensor) -> Tensor:
+        q = self.to_q(query).unsqueeze(-2)  # [points, 1, dim]
+        k, v = self.to_k(view_tokens), self.to_v(view_tokens)  # [points, views, dim]
+        pos = self.pos_fc(rel_dirs)
+        scores = self.attn_fc(k - q + pos)  # [points, views, dim]
+        # Masked views get -inf; a point with no visible view keeps finite scores (uniform softmax,
+        # finite gradients) and is zeroed by multiplying with the mask afterwards.
+        any_visible = view_mask.any(dim=-1, keepdim=True)  # [points, 1]
+        excluded = (~view_mask & any_visible).unsqueeze(-1)
+        weights = torch.softmax(scores.masked_fill(excluded, float("-inf")), dim=-2)
+        weights = weights * view_mask.unsqueeze(-1).to(weights.dtype)
+        return self.out_fc(((v + pos) * weights).sum(dim=-2))
+
+
+# --------------------------------------------------------------------------------------------------
+# Ray (self) attention: the samples along one ray
+
+
+class PolaRayAttention(PolaAttentionBase):
+    """Polarity-aware self-attention over the samples of a ray, with an optional 1-D LePE."""
+
+    def __init__(self, dim: int, heads: int, lepe: bool = True):
+        super().__init__(dim, heads)
+        self.to_qkvg = nn.Linear(dim, 4 * dim)
+        # Locally-enhanced positional encoding: depthwise conv of v along the samples.
+        self.lepe = nn.Conv1d(dim, dim, kernel_size=5, padding=2, groups=dim) if lepe else None
+
+    def forward(self, tokens: Tensor, sample_mask: Tensor | None = None) -> Tensor:
+        q, k, v, gate = self.to_qkvg(tokens).chunk(4, dim=-1)  # [rays, samples, dim] each
+        heads = [split_heads(x, self.heads) for x in (q, k, v)]  # [rays, heads, samples, head_dim]
+        attended = merge_heads(self._attend(*heads, sample_mask))  # [rays, samples, dim]
+        if self.lepe is not None:
+            if sample_mask is not None:
+                v = v * sample_mask.unsqueeze(-1).to(v.dtype)
+            attended = attended + self.lepe(v.transpose(-1, -2)).transpose(-1, -2)
+        return self._gated_output(attended, gate)
+
+
+class SoftmaxRayAttention(nn.Module):
+    """GNT's original ray attention: multi-head dot-product softmax self-attention over samples."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        _check_heads(dim, heads)
+        self.heads = heads
+        self.to_qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, tokens: Tensor, sample_mask: Tensor | None = None) -> Tensor:
+        q, k, v = (split_heads(x, self.heads) for x in self.to_qkv(tokens).chunk(3, dim=-1))
+        return self.proj(merge_heads(masked_sdpa(q, k, v, sample_mask)))
+
+
+# --------------------------------------------------------------------------------------------------
+# Factories
+
+
+def build_view_attention(kind: str, dim: int, heads: int) -> nn.Module:
+    """View (cross) attention of the given kind: "pola", "softmax" or "subtraction"."""
+    if kind == "pola":
+        return PolaViewAttention(dim, heads)
+    if kind == "softmax":
+        return SoftmaxViewAttention(dim, heads)
+    if kind == "subtraction":
+        return SubtractionViewAttention(dim, heads)
+    raise ValueError(f"unknown view attention kind {kind!r}; choose one of {', '.join(VIEW_ATTENTION_KINDS)}")
+
+
+def build_ray_attention(kind: str, dim: int, heads: int, lepe: bool = True) -> nn.Module:
+    """Ray (self) attention of the given kind: "pola" or "softmax" (`lepe` applies to pola only)."""
+    if kind == "pola":
+        return PolaRayAttention(dim, heads, lepe=lepe)
+    if kind == "softmax":
+        return SoftmaxRayAttention(dim, heads)
+    raise ValueError(f"unknown ray attention kind {kind!r}; choose one of {', '.join(RAY_ATTENTION_KINDS)}")

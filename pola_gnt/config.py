@@ -1,0 +1,60 @@
+"""Hydra entry-point helper: every command composes `conf/config.yaml` and reports user errors
+as one `error:` line with exit code 2."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import hydra
+from omegaconf import DictConfig
+
+from pola_gnt.errors import exit_on_user_error
+from pola_gnt.paths import PROJECT_ROOT
+
+CONFIG_DIR = str(PROJECT_ROOT / "conf")
+CONFIG_NAME = "config"
+
+
+def entry_point(task: Callable[[DictConfig], object]) -> Callable[[], object]:
+    """`@entry_point` on `def main(cfg)`: a Hydra app over the project config."""
+    return hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=CONFIG_NAME)(
+        exit_on_user_error(task)
+    )
+
+
+# Allowed values of the config keys that select behaviour; anything else is a user error.
+CHOICES = {
+    "model.net.view_attention": ("pola", "softmax", "subtraction"),
+    "model.net.ray_attention": ("pola", "softmax"),
+    "metrics.protocol": ("standard", "gnt"),
+    "metrics.lpips_net": ("alex", "vgg"),
+    "scene.kind": ("llff", "demo"),
+}
+POSITIVE_INTS = ("data.factor", "data.num_source_views", "data.rays_per_step", "data.val_rays",
+                 "render.n_samples", "render.chunk_rays", "model.net.width", "model.net.n_blocks",
+                 "model.net.heads", "optim.decay_steps")
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Reject unknown or out-of-range values with one line naming the key."""
+    from omegaconf import OmegaConf
+
+    from pola_gnt.errors import UserError
+
+    for key, allowed in CHOICES.items():
+        value = OmegaConf.select(cfg, key)
+        if value is not None and value not in allowed:
+            raise UserError(f"{key}: unknown value {value!r}; expected one of {', '.join(allowed)}")
+    for key in POSITIVE_INTS:
+        value = OmegaConf.select(cfg, key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise UserError(f"{key}: must be a positive integer, got {value!r}")
+    if OmegaConf.select(cfg, "render.n_samples", default=2) < 2:
+        raise UserError("render.n_samples: must be at least 2")
+    width, heads = OmegaConf.select(cfg, "model.net.width"), OmegaConf.select(cfg, "model.net.heads")
+    if width and heads and width % (2 * heads):
+        raise UserError(f"model.net.width: {width} must be divisible by 2 * model.net.heads ({2 * heads})")
+    for key in ("optim.lr_transformer", "optim.lr_encoder"):
+        value = OmegaConf.select(cfg, key)
+        if value is not None and not (isinstance(value, (int, float)) and value > 0):
+            raise UserError(f"{key}: must be a positive number, got {value!r}")

@@ -1,0 +1,189 @@
+"""Lightning data: one target view per training step with its source views and random rays.
+
+Every random choice of a training step (target view, source views, crop, rays, sample jitter)
+is a pure function of `(seed, rank, step)`, so a resumed run sees exactly the batches an
+uninterrupted run would, and each DDP rank draws different rays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from omegaconf import DictConfig
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from pola_gnt.data.llff import Scene
+from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.source_views import nearest_views, random_training_views
+from pola_gnt.errors import UserError
+from pola_gnt.render.rays import pixel_grid, pixel_rays, sample_depths
+
+Batch = dict[str, Tensor]
+
+
+def source_batch(scene: Scene, source_ids: list[int]) -> Batch:
+    """Source images `[views, 3, H, W]` with their cameras."""
+    return {
+        "source_ids": torch.tensor(source_ids),
+        "source_images": scene.images[source_ids].permute(0, 3, 1, 2).contiguous(),
+        "source_c2w": scene.cameras.c2w[source_ids],
+        "source_intrinsics": scene.cameras.intrinsics[source_ids],
+    }
+
+
+def eval_source_ids(scene: Scene, view: int, count: int) -> list[int]:
+    """The deterministic source views of an evaluation target: its nearest training cameras."""
+    return nearest_views(scene.cameras.centers[view], scene.cameras.centers, scene.train_ids, count, exclude=view)
+
+
+class TrainSteps(Dataset):
+    """Item `step`: the training batch of that global step (on this rank)."""
+
+    def __init__(self, scene: Scene, data_cfg: DictConfig, n_samples: int, n_steps: int, seed: int, rank: int):
+        self.scene = scene
+        self.cfg = data_cfg
+        self.n_samples = n_samples
+        self.n_steps = n_steps
+        self.seed = seed
+        self.rank = rank
+
+    def __len__(self) -> int:
+        return self.n_steps
+
+    def __getitem__(self, step: int) -> Batch:
+        rng = np.random.default_rng([self.seed, self.rank, step])
+        scene, cfg = self.scene, self.cfg
+        target = int(rng.choice(scene.train_ids))
+        centers = scene.cameras.centers
+        if cfg.random_source_views:
+            source_ids = random_training_views(centers[target], centers, scene.train_ids, cfg.num_source_views, target, rng)
+        else:
+            source_ids = nearest_views(centers[target], centers, scene.train_ids, cfg.num_source_views, exclude=target)
+        batch = source_batch(scene, source_ids)
+        intrinsics = scene.cameras.intrinsics[target].clone()
+        image = scene.images[target]  # [H, W, 3]
+        if cfg.crop:
+            batch, intrinsics, image = self._crop(batch, intrinsics, image, rng)
+        height, width = image.shape[:2]
+        pixels = pixel_grid(height, width)
+        chosen = torch.from_numpy(rng.choice(height * width, size=min(cfg.rays_per_step, height * width), replace=False))
+        rays = pixel_rays(scene.cameras.c2w[target], intrinsics, pixels[chosen])
+        generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
+        near, far = scene.depth_range
+        depths = sample_depths(near, far, len(rays), self.n_samples, jitter=True, generator=generator)
+        return {
+            **batch,
+            "step": torch.tensor(step),
+            "target_id": torch.tensor(target),
+            "origins": rays.origins,
+            "directions": rays.directions,
+            "depths": depths,
+            "rgb": image.reshape(-1, 3)[chosen],
+        }
+
+    def _crop(self, batch: Batch, intrinsics: Tensor, image: Tensor, rng: np.random.Generator):
+        """GNT's random crop: one window shared by the target and its sources (intrinsics shifted)."""
+        crop_h, crop_w = (int(x) for x in self.cfg.crop)
+        height, width = image.shape[:2]
+        if crop_h > height or crop_w > width:
+            raise UserError(f"data.crop: {crop_h}x{crop_w} is larger than the images ({height}x{width})")
+        top, left = int(rng.integers(height - crop_h + 1)), int(rng.integers(width - crop_w + 1))
+        shift = torch.tensor([left, top], dtype=torch.float32)
+        intrinsics[:2, 2] -= shift
+        batch["source_intrinsics"] = batch["source_intrinsics"].clone()
+        batch["source_intrinsics"][:, :2, 2] -= shift
+        batch["source_images"] = batch["source_images"][:, :, top:top + crop_h, left:left + crop_w].contiguous()
+        return batch, intrinsics, image[top:top + crop_h, left:left + crop_w]
+
+
+class ResumableSampler(Sampler[int]):
+    """Step indices from the trainer's current global step on, so a resumed run continues the sequence."""
+
+    def __init__(self, start: int, end: int):
+        self.start, self.end = start, end
+
+    def __iter__(self):
+        return iter(range(self.start, self.end))
+
+    def __len__(self) -> int:
+        return max(0, self.end - self.start)
+
+
+class ValidationRays(Dataset):
+    """A fixed random subset of the rays of the first test view (cheap, deterministic validation)."""
+
+    def __init__(self, scene: Scene, data_cfg: DictConfig, n_samples: int, seed: int):
+        self.batch = self._build(scene, data_cfg, n_samples, seed)
+
+    @staticmethod
+    def _build(scene: Scene, cfg: DictConfig, n_samples: int, seed: int) -> Batch:
+        view = scene.test_ids[0] if scene.test_ids else scene.train_ids[0]
+        height, width = scene.resolution
+        generator = torch.Generator().manual_seed(seed)
+        chosen = torch.randperm(height * width, generator=generator)[: cfg.val_rays]
+        rays = pixel_rays(scene.cameras.c2w[view], scene.cameras.intrinsics[view], pixel_grid(height, width)[chosen])
+        near, far = scene.depth_range
+        return {
+            **source_batch(scene, eval_source_ids(scene, view, cfg.num_source_views)),
+            "origins": rays.origins,
+            "directions": rays.directions,
+            "depths": sample_depths(near, far, len(rays), n_samples, jitter=False),
+            "rgb": scene.images[view].reshape(-1, 3)[chosen],
+        }
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> Batch:
+        return self.batch
+
+
+class TestViews(Dataset):
+    """Each held-out view: its index and deterministic source views (the full image is rendered in chunks)."""
+
+    def __init__(self, scene: Scene, view_ids: list[int], num_source_views: int):
+        self.scene = scene
+        self.view_ids = view_ids
+        self.num_source_views = num_source_views
+
+    def __len__(self) -> int:
+        return len(self.view_ids)
+
+    def __getitem__(self, index: int) -> Batch:
+        view = self.view_ids[index]
+        return {
+            **source_batch(self.scene, eval_source_ids(self.scene, view, self.num_source_views)),
+            "view_id": torch.tensor(view),
+            "c2w": self.scene.cameras.c2w[view],
+            "intrinsics": self.scene.cameras.intrinsics[view],
+            "rgb": self.scene.images[view],
+        }
+
+
+class SceneDataModule(pl.LightningDataModule):
+    def __init__(self, cfg: DictConfig, scene: Scene | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.scene = scene
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.scene is None:
+            self.scene = load_scene(self.cfg.scene, self.cfg.data)
+
+    def train_dataloader(self) -> DataLoader:
+        trainer = self.trainer
+        dataset = TrainSteps(self.scene, self.cfg.data, self.cfg.render.n_samples, trainer.max_steps,
+                             self.cfg.seed, trainer.global_rank)
+        return DataLoader(dataset, batch_size=None, sampler=ResumableSampler(trainer.global_step, trainer.max_steps))
+
+    def val_dataloader(self) -> DataLoader:
+        dataset = ValidationRays(self.scene, self.cfg.data, self.cfg.render.n_samples, self.cfg.seed)
+        return DataLoader(dataset, batch_size=None)
+
+    def test_dataloader(self) -> DataLoader:
+        # Each rank renders its share of the test views; results are gathered on rank 0.
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        views = self.scene.test_ids[rank::world]
+        return DataLoader(TestViews(self.scene, views, self.cfg.data.num_source_views), batch_size=None)

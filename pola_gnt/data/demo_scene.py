@@ -1,0 +1,490 @@
+"""Synthetic forward-facing demo scene (`scene=demo`), written in the LLFF layout on first use.
+
+An analytic scene is ray-traced so that the demo runs through exactly the same loader path as the
+real LLFF scenes (`poses_bounds.npy` + `images_{factor}/image000.png ...`):
+
+- a back wall `z = 9` (smooth checker with a colour gradient) that fills every camera's view,
+- a floor `y = 1.5` (wavy stripes),
+- two spheres resting on the floor (latitude / longitude checkers),
+- a tilted rectangular card floating in front (concentric rings).
+
+World frame is OpenCV-like: x right, y down, z forward. Shading is Lambertian with a fixed
+directional light plus ambient, so a surface point has the same colour in every view (what the
+geometry tests rely on). Textures are smooth (sinusoids through a soft `tanh`) and every pixel is
+supersampled 2x2, so the images are anti-aliased and learnable quickly.
+
+Twenty cameras sit on a 5 x 4 grid facing +z (serpentine order like a hand-held LLFF capture) with
+small deterministic wobbles of position, aim and roll. Nothing is random: two generations give
+byte-identical files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import imageio.v3 as iio
+import numpy as np
+import torch
+from torch import Tensor
+
+from pola_gnt.errors import UserError
+from pola_gnt.render.rays import pixel_grid, pixel_rays
+
+# Full-resolution camera like fern's (hwf in poses_bounds.npy); only downsampled folders are written.
+FULL_HEIGHT = 3024
+FULL_WIDTH = 4032
+FULL_FOCAL = 3260.0
+
+GRID_COLUMNS = 5
+GRID_ROWS = 4
+N_VIEWS = GRID_COLUMNS * GRID_ROWS
+
+AMBIENT = 0.3
+DIFFUSE = 0.7
+LIGHT_DIRECTION = torch.nn.functional.normalize(
+    torch.tensor([-0.35, -0.75, -0.55], dtype=torch.float64), dim=0
+)  # towards the light: up (-y), left and back towards the cameras
+MISS_COLOUR = (0.0, 0.0, 0.0)  # only cameras looking away from the scene see it
+
+SUPERSAMPLE_OFFSETS = (-0.25, 0.25)  # sub-pixel offsets of the 2x2 supersampling grid
+CHUNK_RAYS = 1 << 18  # rays traced at once, bounds memory at any resolution
+BOUNDS_FACTOR = 16  # resolution of the depth grid that the per-view near/far bounds come from
+BOUNDS_PADDING = 0.02  # relative padding of near/far (LLFF's bounds are percentiles, also loose)
+
+Texture = Callable[[Tensor, Tensor], Tensor]  # surface coordinates a, b [rays] -> albedo [rays, 3]
+
+
+# --------------------------------------------------------------------------------------------
+# Textures: smooth functions of 2D surface coordinates
+# --------------------------------------------------------------------------------------------
+
+
+def _mix(colour_a: tuple[float, ...], colour_b: tuple[float, ...], weight: Tensor) -> Tensor:
+    """Blend two RGB colours with `weight` `[rays]` in [0, 1] -> `[rays, 3]`."""
+    a = torch.tensor(colour_a, dtype=weight.dtype, device=weight.device)
+    b = torch.tensor(colour_b, dtype=weight.dtype, device=weight.device)
+    return a + weight[:, None] * (b - a)
+
+
+def _soft_checker(a: Tensor, b: Tensor, period_a: float, period_b: float, sharpness: float = 3.0) -> Tensor:
+    """A checker board with soft edges (band-limited enough not to alias): `[rays]` in [0, 1]."""
+    wave = torch.sin(2 * math.pi * a / period_a) * torch.sin(2 * math.pi * b / period_b)
+    return 0.5 + 0.5 * torch.tanh(sharpness * wave)
+
+
+def wall_texture(a: Tensor, b: Tensor) -> Tensor:
+    """Back wall: a blue/cream checker whose colours drift to red/green across the wall."""
+    checker = _soft_checker(a, b, 1.2, 1.2)
+    drift = torch.sigmoid(a / 3.0)[:, None]  # left -> right colour gradient
+    dark = _mix((0.15, 0.25, 0.6), (0.55, 0.15, 0.2), drift[:, 0])
+    light = _mix((0.95, 0.9, 0.75), (0.8, 0.95, 0.6), drift[:, 0])
+    return dark + checker[:, None] * (light - dark)
+
+
+def floor_texture(a: Tensor, b: Tensor) -> Tensor:
+    """Floor: wavy stripes running away from the cameras (x varies, wobbling with z)."""
+    wave = torch.sin(2 * math.pi * (a + 0.25 * torch.sin(2 * math.pi * b / 2.5)) / 0.7)
+    return _mix((0.35, 0.22, 0.1), (0.85, 0.7, 0.45), 0.5 + 0.5 * torch.tanh(2.0 * wave))
+
+
+def big_sphere_texture(longitude: Tensor, latitude: Tensor) -> Tensor:
+    """Big sphere: 12 x 6 red/yellow checker on longitude / latitude."""
+    checker = _soft_checker(longitude, latitude, 2 * math.pi / 6, 2 * math.pi / 6)
+    return _mix((0.75, 0.1, 0.1), (0.95, 0.85, 0.2), checker)
+
+
+def small_sphere_texture(longitude: Tensor, latitude: Tensor) -> Tensor:
+    """Small sphere: green/white bands along latitude with a twist in longitude."""
+    wave = torch.sin(8 * latitude + 2 * longitude)
+    return _mix((0.1, 0.55, 0.3), (0.9, 0.95, 0.9), 0.5 + 0.5 * torch.tanh(2.0 * wave))
+
+
+def card_texture(a: Tensor, b: Tensor) -> Tensor:
+    """Card: purple/cyan concentric rings around its centre."""
+    radius = torch.sqrt(a * a + b * b)
+    rings = 0.5 + 0.5 * torch.tanh(2.5 * torch.cos(2 * math.pi * radius / 0.22))
+    return _mix((0.45, 0.15, 0.6), (0.3, 0.85, 0.9), rings)
+
+
+# --------------------------------------------------------------------------------------------
+# Surfaces: ray intersection, normals and albedo
+# --------------------------------------------------------------------------------------------
+
+
+def _dot(x: Tensor, y: Tensor) -> Tensor:
+    """Row-wise dot product `[rays, 3] x [rays, 3] -> [rays]` (einsum: several times faster than
+    `(x * y).sum(-1)` on CPU for a last dimension of 3)."""
+    return torch.einsum("ri,ri->r", x, y)
+
+
+def _vector(values: tuple[float, float, float]) -> Tensor:
+    return torch.tensor(values, dtype=torch.float64)
+
+
+@dataclass
+class Plane:
+    """Infinite plane through `point` with unit `normal` (facing the cameras); `axis_a`/`axis_b`
+    span it and give the texture coordinates. With `half_extent`, a rectangle centred on `point`."""
+
+    point: Tensor  # [3]
+    normal: Tensor  # [3]
+    axis_a: Tensor  # [3]
+    axis_b: Tensor  # [3]
+    texture: Texture
+    half_extent: tuple[float, float] | None = None
+
+    def intersect(self, origins: Tensor, directions: Tensor) -> Tensor:
+        """Ray parameter `[rays]` of the hit (the camera z-depth for camera rays), inf on a miss."""
+        facing = directions @ self.normal  # [rays]
+        safe = torch.where(facing.abs() < 1e-12, torch.full_like(facing, 1e-12), facing)
+        depth = ((self.point - origins) @ self.normal) / safe
+        hit = (facing.abs() >= 1e-12) & (depth > 1e-6)
+        if self.half_extent is not None:
+            local = origins + depth[:, None] * directions - self.point
+            hit &= ((local @ self.axis_a).abs() <= self.half_extent[0]) & (
+                (local @ self.axis_b).abs() <= self.half_extent[1]
+            )
+        return torch.where(hit, depth, torch.full_like(depth, math.inf))
+
+    def normals(self, points: Tensor) -> Tensor:
+        return self.normal.expand_as(points)
+
+    def albedo(self, points: Tensor) -> Tensor:
+        local = points - self.point
+        return self.texture(local @ self.axis_a, local @ self.axis_b)
+
+
+@dataclass
+class Sphere:
+    center: Tensor  # [3]
+    radius: float
+    texture: Texture  # on (longitude, latitude) in radians
+
+    def intersect(self, origins: Tensor, directions: Tensor) -> Tensor:
+        """Nearest positive root of `|o + t d - c|^2 = r^2` `[rays]`, inf on a miss."""
+        offset = origins - self.center
+        a = _dot(directions, directions)
+        half_b = _dot(offset, directions)
+        c = _dot(offset, offset) - self.radius**2
+        discriminant = half_b * half_b - a * c
+        root = torch.sqrt(discriminant.clamp(min=0.0))
+        near = (-half_b - root) / a
+        far = (-half_b + root) / a
+        depth = torch.where(near > 1e-6, near, far)  # from inside, the far root is the visible one
+        hit = (discriminant >= 0) & (depth > 1e-6)
+        return torch.where(hit, depth, torch.full_like(depth, math.inf))
+
+    def normals(self, points: Tensor) -> Tensor:
+        return (points - self.center) / self.radius
+
+    def albedo(self, points: Tensor) -> Tensor:
+        n = self.normals(points)
+        longitude = torch.atan2(n[:, 0], -n[:, 2])  # 0 facing the cameras
+        latitude = torch.asin(n[:, 1].clamp(-1.0, 1.0))
+        return self.texture(longitude, latitude)
+
+
+def _tilted_frame(yaw_deg: float, pitch_deg: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Axes (a, b, normal) of a card turned by `yaw` about y, then tilted by `pitch` about its a-axis."""
+    yaw, pitch = math.radians(yaw_deg), math.radians(pitch_deg)
+    axis_a = _vector((math.cos(yaw), 0.0, math.sin(yaw)))
+    facing = _vector((math.sin(yaw), 0.0, -math.cos(yaw)))  # towards the cameras before the tilt
+    down = _vector((0.0, 1.0, 0.0))
+    axis_b = math.cos(pitch) * down + math.sin(pitch) * facing
+    normal = math.cos(pitch) * facing - math.sin(pitch) * down
+    return axis_a, axis_b, normal
+
+
+def demo_surfaces() -> list[Plane | Sphere]:
+    """The scene's surfaces (world frame: x right, y down, z forward)."""
+    card_a, card_b, card_normal = _tilted_frame(yaw_deg=30.0, pitch_deg=20.0)
+    return [
+        Plane(  # back wall, fills every view
+            point=_vector((0.0, 0.0, 9.0)), normal=_vector((0.0, 0.0, -1.0)),
+            axis_a=_vector((1.0, 0.0, 0.0)), axis_b=_vector((0.0, 1.0, 0.0)), texture=wall_texture,
+        ),
+        Plane(  # floor, normal pointing up (-y)
+            point=_vector((0.0, 1.5, 0.0)), normal=_vector((0.0, -1.0, 0.0)),
+            axis_a=_vector((1.0, 0.0, 0.0)), axis_b=_vector((0.0, 0.0, 1.0)), texture=floor_texture,
+        ),
+        Sphere(center=_vector((-1.1, 0.3, 5.6)), radius=1.2, texture=big_sphere_texture),
+        Sphere(center=_vector((1.3, 0.9, 4.3)), radius=0.6, texture=small_sphere_texture),
+        Plane(  # tilted card floating upper right
+            point=_vector((0.55, -0.55, 3.6)), normal=card_normal, axis_a=card_a, axis_b=card_b,
+            texture=card_texture, half_extent=(0.55, 0.4),
+        ),
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# Tracing
+# --------------------------------------------------------------------------------------------
+
+
+def _nearest_hit(surfaces: list, origins: Tensor, directions: Tensor) -> tuple[Tensor, Tensor]:
+    """-> depth `[rays]` (inf on a miss) and index of the surface hit `[rays]` (-1 on a miss)."""
+    depth = torch.full(origins.shape[:1], math.inf, dtype=origins.dtype)
+    index = torch.full(origins.shape[:1], -1, dtype=torch.long)
+    for i, surface in enumerate(surfaces):
+        candidate = surface.intersect(origins, directions)
+        closer = candidate < depth
+        depth = torch.where(closer, candidate, depth)
+        index = torch.where(closer, torch.full_like(index, i), index)
+    return depth, index
+
+
+def _shade(surfaces: list, origins: Tensor, directions: Tensor) -> tuple[Tensor, Tensor]:
+    """Lambertian colour `[rays, 3]` and depth `[rays]` of the nearest hit of each ray."""
+    depth, index = _nearest_hit(surfaces, origins, directions)
+    colour = torch.tensor(MISS_COLOUR, dtype=origins.dtype).repeat(len(origins), 1)
+    hit_points = origins + depth.nan_to_num(posinf=0.0)[:, None] * directions  # [rays, 3]
+    for i, surface in enumerate(surfaces):
+        rays = (index == i).nonzero().squeeze(1)  # [hits]
+        if len(rays) == 0:
+            continue
+        points = hit_points.index_select(0, rays)
+        lambert = (surface.normals(points) @ LIGHT_DIRECTION).clamp(min=0.0)
+        colour.index_copy_(0, rays, surface.albedo(points) * (AMBIENT + DIFFUSE * lambert)[:, None])
+    return colour.clamp(0.0, 1.0), depth
+
+
+@contextlib.contextmanager
+def _single_thread() -> Iterator[None]:
+    """Trace on one thread: the work is memory-bound elementwise arithmetic that gains little from
+    threads, and on a busy machine (more runnable threads than cores) torch's OpenMP threads spin
+    and make it tens of times slower."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _trace_depth(c2w: Tensor, intrinsics: Tensor, pixels: Tensor) -> Tensor:
+    """Camera z-depth `[pixels]` of the nearest surface through each pixel `[pixels, 2]`."""
+    surfaces = demo_surfaces()
+    chunks = []
+    with _single_thread():
+        for start in range(0, len(pixels), CHUNK_RAYS):
+            rays = pixel_rays(c2w, intrinsics, pixels[start : start + CHUNK_RAYS])
+            chunks.append(_nearest_hit(surfaces, rays.origins, rays.directions)[0])
+    return torch.cat(chunks)
+
+
+def render_demo_view(
+    c2w: np.ndarray, K: np.ndarray, height: int, width: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Trace any OpenCV camera (`c2w` `[4, 4]`, `K` `[3, 3]`) through the demo scene.
+
+    Returns the colour `[H, W, 3]` float32 in [0, 1] (mean of a 2x2 supersampling of each pixel)
+    and the exact camera z-depth `[H, W]` float32 at the integer pixel coordinates (inf where a ray
+    misses everything, which never happens for the demo cameras).
+    """
+    c2w_t = torch.as_tensor(np.asarray(c2w), dtype=torch.float64)
+    intrinsics = torch.as_tensor(np.asarray(K), dtype=torch.float64)
+    pixels = pixel_grid(height, width).double()  # [H * W, 2]
+    surfaces = demo_surfaces()
+    colour = torch.zeros(height * width, 3, dtype=torch.float64)
+    offsets = [(du, dv) for dv in SUPERSAMPLE_OFFSETS for du in SUPERSAMPLE_OFFSETS]
+    with _single_thread():
+        for offset in offsets:
+            shifted = pixels + torch.tensor(offset, dtype=torch.float64)
+            for start in range(0, len(pixels), CHUNK_RAYS):
+                rays = pixel_rays(c2w_t, intrinsics, shifted[start : start + CHUNK_RAYS])
+                colour[start : start + CHUNK_RAYS] += _shade(surfaces, rays.origins, rays.directions)[0]
+    colour /= len(offsets)
+    depth = _trace_depth(c2w_t, intrinsics, pixels)
+    return (
+        colour.reshape(height, width, 3).float().numpy(),
+        depth.reshape(height, width).float().numpy(),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Cameras and LLFF files
+# --------------------------------------------------------------------------------------------
+
+
+def _look_at(position: np.ndarray, target: np.ndarray, roll: float) -> np.ndarray:
+    """OpenCV camera-to-world `[4, 4]` at `position` looking at `target`, world down = +y."""
+    forward = target - position
+    forward /= np.linalg.norm(forward)
+    right = np.cross(np.array([0.0, 1.0, 0.0]), forward)
+    right /= np.linalg.norm(right)
+    down = np.cross(forward, right)
+    # Roll the camera about its viewing axis (hand-held captures are never perfectly level).
+    right, down = (
+        math.cos(roll) * right + math.sin(roll) * down,
+        -math.sin(roll) * right + math.cos(roll) * down,
+    )
+    c2w = np.eye(4)
+    c2w[:3, :3] = np.stack([right, down, forward], axis=1)
+    c2w[:3, 3] = position
+    return c2w
+
+
+def demo_resolution(factor: int) -> tuple[int, int]:
+    """(H, W) of the `images_{factor}` folder (the full resolution divided, rounded down)."""
+    if not isinstance(factor, (int, np.integer)) or isinstance(factor, bool) or factor < 1:
+        raise UserError(f"data.factor: must be a positive integer, got {factor!r}")
+    height, width = FULL_HEIGHT // factor, FULL_WIDTH // factor
+    if height < 8:
+        raise UserError(f"data.factor: {factor} leaves a {width}x{height} demo image, too small")
+    return height, width
+
+
+def demo_intrinsics(factor: int) -> np.ndarray:
+    """`K` `[3, 3]` as the loader builds it: focal / factor, principal point at the image centre."""
+    height, width = demo_resolution(factor)
+    focal = FULL_FOCAL / factor
+    return np.array([[focal, 0.0, width / 2.0], [0.0, focal, height / 2.0], [0.0, 0.0, 1.0]])
+
+
+def demo_poses() -> np.ndarray:
+    """OpenCV camera-to-world `[views, 4, 4]`: a 5 x 4 grid, serpentine like an LLFF capture."""
+    poses = []
+    for row in range(GRID_ROWS):
+        columns = range(GRID_COLUMNS) if row % 2 == 0 else reversed(range(GRID_COLUMNS))
+        for column in columns:
+            i = len(poses)
+            # Deterministic "hand-held" wobble of position, aim and roll (no random generator).
+            position = np.array([
+                -0.6 + 0.3 * column + 0.04 * math.sin(1.7 * i + 0.3),
+                -0.3 + 0.2 * row + 0.03 * math.sin(2.3 * i + 1.1),
+                0.08 * math.sin(1.3 * i + 0.7),
+            ])
+            target = np.array([0.25 * math.sin(0.9 * i), 0.3 + 0.15 * math.cos(1.1 * i), 6.0])
+            poses.append(_look_at(position, target, roll=math.radians(2.0) * math.sin(1.9 * i)))
+    return np.stack(poses)
+
+
+def demo_cameras(factor: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """-> c2w `[views, 4, 4]` (OpenCV), K `[3, 3]` (shared by all views), H, W at `factor`."""
+    height, width = demo_resolution(factor)
+    return demo_poses(), demo_intrinsics(factor), height, width
+
+
+def demo_depths(factor: int) -> np.ndarray:
+    """Exact camera z-depth `[views, H, W]` float32 of every view at `factor` (pixel centres)."""
+    c2w, intrinsics, height, width = demo_cameras(factor)
+    pixels = pixel_grid(height, width).double()
+    intrinsics_t = torch.from_numpy(intrinsics)
+    return np.stack([
+        _trace_depth(torch.from_numpy(pose), intrinsics_t, pixels).reshape(height, width).float().numpy()
+        for pose in c2w
+    ])
+
+
+def demo_bounds() -> np.ndarray:
+    """Near / far `[views, 2]` of each view, valid at every factor.
+
+    The depth is traced on a grid covering the full-resolution image plane plus a pixel of margin
+    (a superset of the pixel centres of any factor), and the extremes are padded by 2%.
+    """
+    return _cached_bounds().copy()
+
+
+@functools.lru_cache(maxsize=1)
+def _cached_bounds() -> np.ndarray:  # the same for every factor: traced once per process
+    c2w = demo_poses()
+    intrinsics = torch.from_numpy(demo_intrinsics(BOUNDS_FACTOR))
+    full_width, full_height = FULL_WIDTH / BOUNDS_FACTOR, FULL_HEIGHT / BOUNDS_FACTOR
+    rows, cols = torch.meshgrid(
+        torch.linspace(-1.0, full_height + 1.0, int(full_height) + 3, dtype=torch.float64),
+        torch.linspace(-1.0, full_width + 1.0, int(full_width) + 3, dtype=torch.float64),
+        indexing="ij",
+    )
+    pixels = torch.stack([cols.reshape(-1), rows.reshape(-1)], dim=-1)
+    bounds = []
+    for pose in c2w:
+        depth = _trace_depth(torch.from_numpy(pose), intrinsics, pixels)
+        bounds.append([(1 - BOUNDS_PADDING) * float(depth.min()), (1 + BOUNDS_PADDING) * float(depth.max())])
+    return np.array(bounds)
+
+
+def opencv_to_llff(c2w: np.ndarray) -> np.ndarray:
+    """`[views, 4, 4]` OpenCV c2w -> `[views, 3, 4]` LLFF `[down, right, back | t]` = `[c1, c0, -c2 | t]`."""
+    rotation = c2w[:, :3, :3]
+    llff_rotation = np.stack([rotation[:, :, 1], rotation[:, :, 0], -rotation[:, :, 2]], axis=-1)
+    return np.concatenate([llff_rotation, c2w[:, :3, 3:4]], axis=-1)
+
+
+def demo_poses_bounds() -> np.ndarray:
+    """The `poses_bounds.npy` array `[views, 17]`: `[R | t | hwf]` row-major, then near, far."""
+    poses = opencv_to_llff(demo_poses())  # [views, 3, 4]
+    hwf = np.tile(np.array([FULL_HEIGHT, FULL_WIDTH, FULL_FOCAL], dtype=np.float64)[None, :, None], (N_VIEWS, 1, 1))
+    matrices = np.concatenate([poses, hwf], axis=-1)  # [views, 3, 5]
+    return np.concatenate([matrices.reshape(N_VIEWS, 15), demo_bounds()], axis=-1)
+
+
+def image_folder_name(factor: int) -> str:
+    """LLFF's folder names: `images/` at full resolution, `images_{factor}/` otherwise."""
+    return "images" if factor == 1 else f"images_{factor}"
+
+
+def _to_uint8(rgb: np.ndarray) -> np.ndarray:
+    return np.floor(np.clip(rgb, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+
+
+def _write_poses_bounds(scene_dir: Path) -> None:
+    target = scene_dir / "poses_bounds.npy"
+    handle, temp_name = tempfile.mkstemp(prefix=".poses_bounds.", suffix=".npy", dir=scene_dir)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            np.save(file, demo_poses_bounds())
+        os.chmod(temp_name, 0o644)  # mkstemp makes it private
+        os.replace(temp_name, target)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+
+
+def _write_images(scene_dir: Path, factor: int) -> None:
+    target = scene_dir / image_folder_name(factor)
+    temp_dir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=scene_dir))
+    temp_dir.chmod(0o755)  # mkdtemp makes it private
+    try:
+        c2w, intrinsics, height, width = demo_cameras(factor)
+        for i, pose in enumerate(c2w):
+            rgb, _ = render_demo_view(pose, intrinsics, height, width)
+            iio.imwrite(temp_dir / f"image{i:03d}.png", _to_uint8(rgb))
+        try:
+            os.rename(temp_dir, target)
+        except OSError:
+            if not target.is_dir():  # a concurrent generation (another rank) may have won the race
+                raise
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def ensure_demo_scene(scene_dir: Path, factor: int = 8) -> Path:
+    """Write the demo scene's `poses_bounds.npy` and `images_{factor}/` (`images/` at factor 1)
+    where missing; -> `scene_dir`.
+
+    Each is written into a temporary name and renamed into place, so an interrupted generation
+    never leaves a half-written folder behind. A fast no-op when both already exist.
+    """
+    scene_dir = Path(scene_dir)
+    demo_resolution(factor)  # validate before touching the disk
+    image_dir = scene_dir / image_folder_name(factor)
+    if (scene_dir / "poses_bounds.npy").is_file() and image_dir.is_dir():
+        return scene_dir
+    try:
+        scene_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"{scene_dir}: cannot create the demo scene folder ({err.strerror})") from None
+    if not (scene_dir / "poses_bounds.npy").is_file():
+        _write_poses_bounds(scene_dir)
+    if not image_dir.is_dir():
+        _write_images(scene_dir, factor)
+    return scene_dir

@@ -1,0 +1,250 @@
+"""LLFF scene loader: `poses_bounds.npy` + `images[_F]/` -> a normalised `Scene`.
+
+Conventions (see docs/ARCHITECTURE.md): cameras are OpenCV camera-to-world (x right, y down,
+z forward). After normalisation, translations and bounds are scaled by `1 / (0.75 * min bound)`
+(GNT) and the world frame is the OpenCV frame of the average camera (GNT's recentring).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import imageio.v3 as iio
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from pola_gnt.errors import UserError
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
+
+
+@dataclass
+class Cameras:
+    c2w: Tensor  # [views, 4, 4] OpenCV camera-to-world
+    intrinsics: Tensor  # [views, 3, 3]
+    height: int
+    width: int
+
+    @property
+    def centers(self) -> Tensor:  # [views, 3]
+        return self.c2w[:, :3, 3]
+
+    def __len__(self) -> int:
+        return self.c2w.shape[0]
+
+    def __getitem__(self, index) -> "Cameras":
+        return Cameras(self.c2w[index], self.intrinsics[index], self.height, self.width)
+
+
+@dataclass
+class Scene:
+    name: str
+    path: Path
+    factor: int
+    image_names: list[str]
+    images: Tensor  # [views, H, W, 3] float32 in [0, 1]
+    cameras: Cameras
+    bounds: Tensor  # [views, 2] near/far per view, normalised
+    train_ids: list[int]
+    test_ids: list[int]
+    scale: float  # the normalisation scale applied to translations and bounds
+
+    @property
+    def depth_range(self) -> tuple[float, float]:
+        """Sampling range `[0.9 * near, 1.6 * far]` from the scene-wide bounds (GNT)."""
+        return 0.9 * float(self.bounds.min()), 1.6 * float(self.bounds.max())
+
+    @property
+    def resolution(self) -> tuple[int, int]:  # (H, W)
+        return self.cameras.height, self.cameras.width
+
+    def summary(self) -> str:
+        near, far = self.depth_range
+        height, width = self.resolution
+        return "\n".join(
+            [
+                f"scene       {self.name} ({self.path})",
+                f"images      {len(self.image_names)} at {width}x{height} (factor {self.factor})",
+                f"split       train {len(self.train_ids)}, test {len(self.test_ids)} {self.test_ids}",
+                f"focal       {float(self.cameras.intrinsics[0, 0, 0]):.3f} px",
+                f"bounds      {float(self.bounds.min()):.3f} .. {float(self.bounds.max()):.3f} "
+                f"(normalised, scale {self.scale:.4f}); sampling {near:.3f} .. {far:.3f}",
+            ]
+        )
+
+
+def image_folder_name(factor: int) -> str:
+    return "images" if factor == 1 else f"images_{factor}"
+
+
+def load_llff_scene(path: str | Path, factor: int = 8, llffhold: int = 8, name: str | None = None) -> Scene:
+    """Load and normalise an LLFF scene. Bad input raises `UserError` naming the file."""
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"{path}: scene folder not found")
+    if factor < 1:
+        raise UserError(f"data.factor: must be a positive integer, got {factor}")
+    poses_llff, bounds = read_poses_bounds(path / "poses_bounds.npy")
+    image_dir = ensure_image_folder(path, factor)
+    image_files = list_images(image_dir)
+    if len(image_files) != len(poses_llff):
+        raise UserError(
+            f"{path / 'poses_bounds.npy'}: {len(poses_llff)} poses but {len(image_files)} images in {image_dir}"
+        )
+    images = read_images(image_files)
+    height, width = images.shape[1:3]
+
+    full_height, full_width, full_focal = poses_llff[0, :, 4]
+    focal = full_focal * width / full_width  # = focal / factor for standard LLFF folders
+    c2w = llff_to_opencv(poses_llff[:, :, :4])
+    c2w, bounds, scale = normalise_poses(c2w, bounds)
+    intrinsics = torch.tensor(
+        [[focal, 0.0, width / 2.0], [0.0, focal, height / 2.0], [0.0, 0.0, 1.0]], dtype=torch.float32
+    ).expand(len(c2w), 3, 3).clone()
+
+    ids = list(range(len(image_files)))
+    test_ids = ids[::llffhold] if llffhold > 0 else []
+    train_ids = [i for i in ids if i not in test_ids]
+    return Scene(
+        name=name or path.name,
+        path=path,
+        factor=factor,
+        image_names=[f.name for f in image_files],
+        images=torch.from_numpy(images).float() / 255.0,
+        cameras=Cameras(torch.from_numpy(c2w).float(), intrinsics, int(height), int(width)),
+        bounds=torch.from_numpy(bounds).float(),
+        train_ids=train_ids,
+        test_ids=test_ids,
+        scale=scale,
+    )
+
+
+def read_poses_bounds(file: Path) -> tuple[np.ndarray, np.ndarray]:
+    """-> LLFF pose matrices `[views, 3, 5]` ([R | t | hwf], columns [down, right, back]) and bounds `[views, 2]`."""
+    if not file.is_file():
+        raise UserError(f"{file}: not found")
+    try:
+        array = np.load(file, allow_pickle=False)
+    except Exception as err:  # numpy raises several types for corrupt files
+        raise UserError(f"{file}: cannot read ({err})") from None
+    if array.ndim != 2 or array.shape[1] != 17 or array.shape[0] == 0:
+        raise UserError(f"{file}: expected an N x 17 array, got shape {tuple(array.shape)}")
+    if not np.all(np.isfinite(array)):
+        raise UserError(f"{file}: contains non-finite values")
+    array = array.astype(np.float64)
+    poses = array[:, :15].reshape(-1, 3, 5)
+    bounds = array[:, 15:]
+    if np.any(bounds <= 0) or np.any(bounds[:, 0] >= bounds[:, 1]):
+        raise UserError(f"{file}: near/far bounds must be positive with near < far")
+    if np.any(poses[:, :, 4] <= 0):
+        raise UserError(f"{file}: height, width and focal must be positive")
+    return poses, bounds
+
+
+def llff_to_opencv(poses: np.ndarray) -> np.ndarray:
+    """LLFF `[views, 3, 4]` with rotation columns [down, right, back] -> OpenCV c2w `[views, 4, 4]`."""
+    down, right, back, translation = (poses[:, :, i] for i in range(4))
+    c2w = np.zeros((len(poses), 4, 4))
+    c2w[:, :3, 0] = right
+    c2w[:, :3, 1] = down
+    c2w[:, :3, 2] = -back
+    c2w[:, :3, 3] = translation
+    c2w[:, 3, 3] = 1.0
+    return c2w
+
+
+def average_pose(c2w: np.ndarray) -> np.ndarray:
+    """Mean camera `[4, 4]` (OpenCV axes): mean centre, mean forward and down axes re-orthonormalised."""
+    center = c2w[:, :3, 3].mean(0)
+    forward = _normalize(c2w[:, :3, 2].sum(0))
+    down = c2w[:, :3, 1].sum(0)
+    right = _normalize(np.cross(down, forward))
+    down = np.cross(forward, right)
+    pose = np.eye(4)
+    pose[:3, :4] = np.stack([right, down, forward, center], axis=1)
+    return pose
+
+
+def normalise_poses(c2w: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """GNT's normalisation: scale by `1 / (0.75 * min bound)`, then recentre on the average pose."""
+    scale = 1.0 / (0.75 * bounds.min())
+    c2w = c2w.copy()
+    c2w[:, :3, 3] *= scale
+    c2w = np.linalg.inv(average_pose(c2w))[None] @ c2w
+    return c2w, bounds * scale, float(scale)
+
+
+def _normalize(vector: np.ndarray) -> np.ndarray:
+    return vector / np.linalg.norm(vector)
+
+
+def list_images(folder: Path) -> list[Path]:
+    files = sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file())
+    if not files:
+        raise UserError(f"{folder}: no PNG or JPG images")
+    return files
+
+
+def read_image(file: Path) -> np.ndarray:
+    """-> uint8 RGB `[H, W, 3]`; alpha dropped, grayscale expanded."""
+    try:
+        image = np.asarray(iio.imread(file))
+    except Exception as err:
+        raise UserError(f"{file}: cannot read image ({err})") from None
+    if image.ndim == 2:
+        image = np.repeat(image[..., None], 3, axis=-1)
+    if image.ndim != 3 or image.shape[-1] not in (3, 4):
+        raise UserError(f"{file}: expected an RGB image, got shape {image.shape}")
+    image = image[..., :3]
+    if image.dtype == np.uint16:
+        image = (image // 257).astype(np.uint8)
+    if image.dtype != np.uint8:
+        raise UserError(f"{file}: unsupported pixel type {image.dtype}")
+    return image
+
+
+def read_images(files: list[Path]) -> np.ndarray:
+    """-> uint8 `[views, H, W, 3]`; every image must have the size of the first."""
+    images = []
+    for file in files:
+        image = read_image(file)
+        if images and image.shape != images[0].shape:
+            raise UserError(
+                f"{file}: size {image.shape[1]}x{image.shape[0]} differs from "
+                f"{files[0].name} ({images[0].shape[1]}x{images[0].shape[0]})"
+            )
+        images.append(image)
+    return np.stack(images)
+
+
+def ensure_image_folder(scene_dir: Path, factor: int) -> Path:
+    """`images_F/`, built from full-resolution `images/` with an area filter when missing (cached)."""
+    folder = scene_dir / image_folder_name(factor)
+    if folder.is_dir():
+        return folder
+    source = scene_dir / "images"
+    if not source.is_dir():
+        raise UserError(f"{folder}: not found, and no {source.name}/ folder to build it from")
+    downsample_folder(source, folder, factor)
+    return folder
+
+
+def downsample_folder(source: Path, target: Path, factor: int) -> None:
+    """Area-downsample every image of `source` by `factor` into `target` (PNG), atomically."""
+    files = list_images(source)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        for file in files:
+            image = torch.from_numpy(read_image(file)).permute(2, 0, 1)[None].float()  # [1, 3, H, W]
+            size = (image.shape[2] // factor, image.shape[3] // factor)
+            small = F.interpolate(image, size=size, mode="area")[0].permute(1, 2, 0)
+            iio.imwrite(staging / f"{file.stem}.png", small.round().clamp(0, 255).to(torch.uint8).numpy())
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,41 @@
+"""Scene lookup from config: LLFF scenes under `data.root`, or the generated demo scene."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from pola_gnt.data.demo_scene import ensure_demo_scene
+from pola_gnt.data.llff import Scene, load_llff_scene
+from pola_gnt.errors import UserError
+from pola_gnt.paths import default_data_root, demo_scene_dir
+
+SCENE_KINDS = ("llff", "demo")
+
+
+def data_root(data_cfg: DictConfig) -> Path:
+    return Path(data_cfg.root).expanduser() if data_cfg.get("root") else default_data_root()
+
+
+def scene_dir(scene_cfg: DictConfig, data_cfg: DictConfig) -> Path:
+    """`scene.path` if given, else `data.root/scene.name` (the demo scene lives in `data/demo`)."""
+    if scene_cfg.get("path"):
+        return Path(scene_cfg.path).expanduser()
+    if scene_cfg.kind == "demo":
+        return demo_scene_dir()
+    return data_root(data_cfg) / scene_cfg.name
+
+
+def load_scene(scene_cfg: DictConfig, data_cfg: DictConfig) -> Scene:
+    if scene_cfg.kind not in SCENE_KINDS:
+        raise UserError(f"scene.kind: unknown value {scene_cfg.kind!r}; expected one of {', '.join(SCENE_KINDS)}")
+    path = scene_dir(scene_cfg, data_cfg)
+    if scene_cfg.kind == "demo":
+        ensure_demo_scene(path, factor=int(data_cfg.factor))
+    elif not path.is_dir():
+        raise UserError(
+            f"{path}: scene folder not found (set data.root=DIR or $POLA_GNT_DATA to the folder holding "
+            f"the LLFF scenes; see data/README.md)"
+        )
+    return load_llff_scene(path, factor=int(data_cfg.factor), llffhold=int(data_cfg.llffhold), name=scene_cfg.name)

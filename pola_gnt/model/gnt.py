@@ -1,0 +1,265 @@
+"""The GNT network: colour and depth of target rays from source views.
+
+Data flow for a chunk of rays (all shapes per chunk; the caller picks the chunk size):
+
+    points = o + t d                                   [rays, samples, 3]
+    project into every source view, bilinear reads     [rays, samples, views, 3 + C]  (rgb, feature)
+      + visibility mask                                [rays, samples, views]
+      + relative directions                            [rays, samples, views, 4]
+    per-view tokens  MLP(3 + C -> width -> width)      [rays, samples, views, width]   (fixed keys)
+    point tokens     max over visible views            [rays, samples, width]
+    n_blocks x:
+      view block: point token attends over its views   [rays * samples, width]
+      even blocks: fuse sin/cos codes of point + dir   [rays, samples, width + 126] -> width
+      ray block: self-attention over seen samples      [rays, samples, width]
+    read-out: attention pooling over seen samples      rgb [rays, 3], depth [rays]
+
+`view_attention="subtraction", ray_attention="softmax"` is GNT; `"pola", "pola"` is Pola-GNT.
+
+Changes from the original GNT code (its bugs, see docs):
+- the ray transformer masks samples that no source view sees (`seen`), so they are not keys;
+- the initial point token is the max over *visible* views only;
+- the read-out pools the normalised tokens with learned per-sample scores, softmaxed over seen
+  samples. With zero-initialised scores this starts as GNT's mean over samples, and it gives an
+  honest expected depth `sum_s weights_s * depth_s`, replacing GNT's depth taken from the last
+  ray-attention row of the first sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pola_gnt.attention.modules import RAY_ATTENTION_KINDS, VIEW_ATTENTION_KINDS
+from pola_gnt.errors import UserError
+from pola_gnt.model.encoder import ImageEncoder
+from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
+from pola_gnt.render.rays import Rays, pixels_to_grid, points_along_rays, project_points, relative_directions
+
+
+@dataclass
+class SourceViews:
+    images: Tensor  # [views, 3, H, W] in [0, 1]
+    features: Tensor  # [views, C, h, w] encoder output (any resolution: sampled in normalised coordinates)
+    c2w: Tensor  # [views, 4, 4] OpenCV camera-to-world
+    intrinsics: Tensor  # [views, 3, 3] for the images' (H, W)
+
+    @property
+    def centers(self) -> Tensor:
+        """Camera centres `[views, 3]`."""
+        return self.c2w[:, :3, 3]
+
+
+@dataclass
+class RayOutput:
+    rgb: Tensor  # [rays, 3] (raw, not clipped; callers clip at eval)
+    depth: Tensor  # [rays] expected depth (same units as the sample depths)
+    weights: Tensor  # [rays, samples] read-out weights over samples (sum to 1 over seen samples)
+    seen: Tensor  # [rays, samples] bool: sample visible in at least one source view
+
+
+@dataclass
+class GatheredSamples:
+    values: Tensor  # [rays, samples, views, 3 + C] rgb then feature, zero where not visible
+    visible: Tensor  # [rays, samples, views] bool: in front of the source camera and inside its image
+    rel_dirs: Tensor  # [rays, samples, views, 4] GNT's relative direction
+
+
+def _bilinear_read(maps: Tensor, grid: Tensor) -> Tensor:
+    """Read `maps` `[views, C, h, w]` at normalised `grid` `[views, points, 2]` -> `[views, points, C]`."""
+    values = F.grid_sample(maps, grid[:, :, None, :], mode="bilinear", align_corners=True)  # [views, C, points, 1]
+    return values[..., 0].transpose(1, 2)
+
+
+def gather_source_samples(points: Tensor, target_centers: Tensor, sources: SourceViews) -> GatheredSamples:
+    """Project `points` `[rays, samples, 3]` into every source view and read colour and features.
+
+    `target_centers` `[rays, 3]` are the ray origins. Colours are read from the full-resolution
+    images; the feature maps at the same normalised coordinates (`align_corners=True`, so an integer
+    pixel `(u, v)` of the image reads exactly that pixel). Runs in fp32 even under autocast: bf16
+    pixel coordinates would be off by pixels.
+    """
+    n_rays, n_samples, _ = points.shape
+    height, width = sources.images.shape[-2:]
+    with torch.autocast(device_type=points.device.type, enabled=False):
+        points = points.float()
+        projection = project_points(points, sources.c2w.float(), sources.intrinsics.float(), height, width)
+        grid = pixels_to_grid(projection.pixels, height, width).flatten(1, 2)  # [views, rays * samples, 2]
+        rgb = _bilinear_read(sources.images.float(), grid)  # [views, rays * samples, 3]
+        features = _bilinear_read(sources.features.float(), grid)  # [views, rays * samples, C]
+        values = torch.cat([rgb, features], dim=-1)
+        # [views, rays * samples, 3 + C] -> [rays, samples, views, 3 + C]
+        values = values.unflatten(1, (n_rays, n_samples)).permute(1, 2, 0, 3)
+        visible = projection.visible.permute(1, 2, 0)  # [rays, samples, views]
+        # Points behind a camera project to a mirrored pixel: zero what is not visible so nothing of
+        # it can reach the output, whatever the attention does with masked views.
+        values = values * visible[..., None]
+        rel_dirs = relative_directions(points, target_centers[:, None, :].float(), sources.centers.float())
+    return GatheredSamples(values=values, visible=visible, rel_dirs=rel_dirs)
+
+
+def sinusoidal_encoding(x: Tensor, n_freqs: int) -> Tensor:
+    """NeRF positional code `[x, sin(2^k x), cos(2^k x)]` for k < n_freqs: `[..., d] -> [..., d (1 + 2 n_freqs)]`."""
+    freqs = 2.0 ** torch.arange(n_freqs, dtype=x.dtype, device=x.device)
+    scaled = (x[..., None, :] * freqs[:, None]).flatten(-2)  # [..., n_freqs * d]
+    return torch.cat([x, torch.sin(scaled), torch.cos(scaled)], dim=-1)
+
+
+def masked_max(tokens: Tensor, mask: Tensor) -> Tensor:
+    """Max of `tokens` `[..., views, dim]` over the views where `mask` `[..., views]` is True; 0 if none."""
+    masked = tokens.masked_fill(~mask[..., None], float("-inf")).amax(dim=-2)
+    return torch.where(mask.any(dim=-1, keepdim=True), masked, torch.zeros_like(masked))
+
+
+def _mlp(in_dim: int, width: int) -> nn.Sequential:
+    """`in_dim -> width -> width` with ReLU in between (GNT's token MLPs)."""
+    return nn.Sequential(nn.Linear(in_dim, width), nn.ReLU(inplace=True), nn.Linear(width, width))
+
+
+class GNTBlock(nn.Module):
+    """One view block, an optional fusion with the point's positional code, one ray block."""
+
+    def __init__(
+        self,
+        view_attention: str,
+        ray_attention: str,
+        width: int,
+        heads: int,
+        ffn_mult: int,
+        position_dim: int,
+        fuse_position: bool,
+        ray_lepe: bool,
+    ):
+        super().__init__()
+        self.view_block = ViewTransformerBlock(view_attention, width, heads, ffn_mult)
+        self.position_fusion = _mlp(width + position_dim, width) if fuse_position else None
+        self.ray_block = RayTransformerBlock(ray_attention, width, heads, ffn_mult, lepe=ray_lepe)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        view_tokens: Tensor,
+        rel_dirs: Tensor,
+        view_mask: Tensor,
+        position_code: Tensor,
+        seen: Tensor,
+    ) -> Tensor:
+        """tokens `[rays, samples, width]`; view_tokens `[points, views, width]`, rel_dirs
+        `[points, views, 4]`, view_mask `[points, views]` with points = rays * samples;
+        position_code `[rays, samples, position_dim]`; seen `[rays, samples]`."""
+        n_rays, n_samples, _ = tokens.shape
+        # The view block treats every (ray, sample) as an independent point: [rays * samples, width].
+        tokens = self.view_block(tokens.flatten(0, 1), view_tokens, rel_dirs, view_mask)
+        tokens = tokens.unflatten(0, (n_rays, n_samples))  # [rays, samples, width]
+        if self.position_fusion is not None:
+            tokens = self.position_fusion(torch.cat([tokens, position_code.to(tokens.dtype)], dim=-1))
+        return self.ray_block(tokens, seen)
+
+
+class PooledReadout(nn.Module):
+    """Colour and expected depth from attention pooling over the seen samples of each ray."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.score = nn.Linear(width, 1)
+        self.to_rgb = nn.Linear(width, 3)
+        # Zero scores = uniform weights: training starts from GNT's mean over samples.
+        nn.init.zeros_(self.score.weight)
+        nn.init.zeros_(self.score.bias)
+
+    def forward(self, tokens: Tensor, seen: Tensor, depths: Tensor) -> RayOutput:
+        """tokens `[rays, samples, width]`, seen `[rays, samples]`, depths `[rays, samples]`."""
+        tokens = self.norm(tokens)
+        scores = self.score(tokens)[..., 0].float()  # [rays, samples]; softmax in fp32
+        # Rays that no source view sees anywhere get uniform weights over all samples (finite output).
+        usable = seen | ~seen.any(dim=-1, keepdim=True)
+        weights = torch.softmax(scores.masked_fill(~usable, float("-inf")), dim=-1)
+        pooled = (weights[..., None] * tokens.float()).sum(dim=1)  # [rays, width]
+        rgb = self.to_rgb(pooled).float()
+        depth = (weights * depths.float()).sum(dim=-1)
+        return RayOutput(rgb=rgb, depth=depth, weights=weights, seen=seen)
+
+
+class GNT(nn.Module):
+    """Generalizable NeRF Transformer with selectable view / ray attention (see module docstring)."""
+
+    def __init__(
+        self,
+        view_attention: str = "pola",
+        ray_attention: str = "pola",
+        width: int = 64,
+        n_blocks: int = 4,
+        heads: int = 4,
+        ffn_mult: int = 4,
+        n_freqs: int = 10,
+        ray_lepe: bool = True,
+        encoder: dict | None = None,
+        encoder_input_scale: float = 1.0,
+    ):
+        super().__init__()
+        if view_attention not in VIEW_ATTENTION_KINDS:
+            raise UserError(f"model.view_attention: {view_attention!r} is not one of {VIEW_ATTENTION_KINDS}")
+        if ray_attention not in RAY_ATTENTION_KINDS:
+            raise UserError(f"model.ray_attention: {ray_attention!r} is not one of {RAY_ATTENTION_KINDS}")
+        if not 0.0 < encoder_input_scale <= 1.0:
+            raise UserError(f"model.encoder_input_scale: must be in (0, 1], got {encoder_input_scale}")
+        self.n_freqs = n_freqs
+        self.encoder_input_scale = encoder_input_scale
+        self.encoder = ImageEncoder(**(encoder or {}))
+        position_dim = 2 * 3 * (1 + 2 * n_freqs)  # codes of the 3D point and the unit ray direction
+        self.view_token_mlp = _mlp(3 + self.encoder.feature_channels, width)
+        self.blocks = nn.ModuleList(
+            GNTBlock(
+                view_attention, ray_attention, width, heads, ffn_mult, position_dim,
+                fuse_position=index % 2 == 0, ray_lepe=ray_lepe,
+            )
+            for index in range(n_blocks)
+        )
+        self.readout = PooledReadout(width)
+
+    def encode(self, images: Tensor) -> Tensor:
+        """Source images `[views, 3, H, W]` in [0, 1] -> feature maps `[views, C, h, w]`."""
+        if self.encoder_input_scale != 1.0:
+            images = F.interpolate(
+                images, scale_factor=self.encoder_input_scale, mode="bilinear",
+                align_corners=False, antialias=True,
+            )
+        return self.encoder(images)
+
+    def source_views(self, images: Tensor, c2w: Tensor, intrinsics: Tensor) -> SourceViews:
+        """Encode `images` `[views, 3, H, W]` and bundle them with their cameras."""
+        return SourceViews(images=images, features=self.encode(images), c2w=c2w, intrinsics=intrinsics)
+
+    def parameter_counts(self) -> dict[str, int]:
+        """Number of parameters of the encoder and of the rest (the transformer)."""
+        encoder = sum(p.numel() for p in self.encoder.parameters())
+        total = sum(p.numel() for p in self.parameters())
+        return {"encoder": encoder, "transformer": total - encoder}
+
+    def forward(self, rays: Rays, depths: Tensor, sources: SourceViews) -> RayOutput:
+        """Render `rays` (a chunk) at sample `depths` `[rays, samples]` from `sources`."""
+        n_rays, n_samples = depths.shape
+        points = points_along_rays(rays, depths)  # [rays, samples, 3]
+        gathered = gather_source_samples(points, rays.origins, sources)
+        seen = gathered.visible.any(dim=-1)  # [rays, samples]
+
+        # Keys/values of every view block, computed once: one token per (point, view),
+        # flattened to points = rays * samples.
+        view_tokens = self.view_token_mlp(gathered.values).flatten(0, 1)  # [points, views, width]
+        view_mask = gathered.visible.flatten(0, 1)  # [points, views]
+        rel_dirs = gathered.rel_dirs.flatten(0, 1)  # [points, views, 4]
+        tokens = masked_max(view_tokens, view_mask).unflatten(0, (n_rays, n_samples))  # [rays, samples, width]
+
+        unit_dirs = F.normalize(rays.directions.float(), dim=-1)[:, None, :].expand(n_rays, n_samples, 3)
+        position_code = torch.cat(
+            [sinusoidal_encoding(points.float(), self.n_freqs), sinusoidal_encoding(unit_dirs, self.n_freqs)],
+            dim=-1,
+        )  # [rays, samples, 126] at n_freqs = 10
+
+        for block in self.blocks:
+            tokens = block(tokens, view_tokens, rel_dirs, view_mask, position_code, seen)
+        return self.readout(tokens, seen, depths)

@@ -1,0 +1,114 @@
+"""LightningModule: GNT's optimisation (Adam, two learning rates, step decay, MSE) and evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from pola_gnt.data.datamodule import Batch
+from pola_gnt.data.llff import Scene
+from pola_gnt.evaluation import ViewResult, ViewScorer, build_image_metrics, format_table, protocol_stride, write_results
+from pola_gnt.model.gnt import GNT, SourceViews
+from pola_gnt.render.rays import Rays
+from pola_gnt.render.renderer import render_image
+
+
+def mse_to_psnr(mse: torch.Tensor) -> torch.Tensor:
+    return -10.0 * torch.log10(mse.clamp(min=1e-10))
+
+
+class GNTSystem(pl.LightningModule):
+    """Trains and evaluates one `GNT` network. The whole run config is saved in the checkpoint."""
+
+    def __init__(self, config: dict):
+        super().__init__()
+        self.save_hyperparameters({"config": config})
+        self.cfg: DictConfig = OmegaConf.create(config)
+        self.net: GNT = instantiate(self.cfg.model.net)
+        self.test_results: list[ViewResult] = []
+        self.test_document: dict | None = None
+        self.scene: Scene | None = None  # set by the data module's scene at test time
+        self.output_dir: Path | None = None
+
+    # ---- training --------------------------------------------------------------------------
+
+    def _sources(self, batch: Batch) -> SourceViews:
+        return self.net.source_views(batch["source_images"], batch["source_c2w"], batch["source_intrinsics"])
+
+    def _render_batch(self, batch: Batch):
+        rays = Rays(batch["origins"], batch["directions"])
+        return self.net(rays, batch["depths"], self._sources(batch))
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        output = self._render_batch(batch)
+        loss = F.mse_loss(output.rgb.float(), batch["rgb"])
+        self.log("train/loss", loss)
+        self.log("train/psnr", mse_to_psnr(loss.detach()), prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        output = self._render_batch(batch)
+        mse = F.mse_loss(output.rgb.float().clamp(0, 1), batch["rgb"])
+        self.log("val/psnr", mse_to_psnr(mse), prog_bar=True, sync_dist=True)
+
+    def configure_optimizers(self):
+        optim = self.cfg.optim
+        encoder_params = list(self.net.encoder.parameters())
+        encoder_ids = {id(p) for p in encoder_params}
+        other_params = [p for p in self.net.parameters() if id(p) not in encoder_ids]
+        optimizer = torch.optim.Adam(
+            [{"params": other_params, "lr": optim.lr_transformer}, {"params": encoder_params, "lr": optim.lr_encoder}]
+        )
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=optim.decay_steps, gamma=optim.decay_rate)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ---- testing: render every held-out view, score it, write the results --------------------
+
+    def on_test_epoch_start(self) -> None:
+        self.scene = self.trainer.datamodule.scene
+        self.scorer = ViewScorer(self.scene, build_image_metrics(self.cfg.metrics), self.cfg.metrics.protocol)
+        self.test_results = []
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        stride = protocol_stride(self.cfg.metrics.protocol)
+        height, width = self.scene.resolution
+        rendered = render_image(
+            self.net, batch["c2w"], batch["intrinsics"], height, width, self._sources(batch),
+            self.scene.depth_range, self.cfg.render.n_samples, self.cfg.render.chunk_rays, stride=stride,
+        )
+        view = int(batch["view_id"])
+        self.test_results.append(self.scorer(view, rendered.rgb, rendered.depth, self.cfg.output.save_images))
+
+    def on_test_epoch_end(self) -> None:
+        results = self.test_results
+        if self.trainer.world_size > 1:
+            gathered: list[list[ViewResult]] = [[] for _ in range(self.trainer.world_size)]
+            dist.all_gather_object(gathered, results)
+            results = [r for part in gathered for r in part]
+        if not self.trainer.is_global_zero:
+            return
+        stride = protocol_stride(self.cfg.metrics.protocol)
+        height, width = self.scene.resolution
+        header = {
+            "scene": self.cfg.scene.name,
+            "model": self.cfg.model.name,
+            "split": "test",
+            "protocol": self.cfg.metrics.protocol,
+            "lpips_net": self.cfg.metrics.lpips_net,
+            "resolution": [len(range(0, height, stride)), len(range(0, width, stride))],
+            "factor": self.scene.factor,
+            "metric_settings": self.scorer.metrics.settings,
+            "n_samples": self.cfg.render.n_samples,
+            "num_source_views": self.cfg.data.num_source_views,
+            "global_step": int(self.global_step),
+        }
+        self.test_document = write_results(
+            self.output_dir, header, results, self.scene.depth_range, self.cfg.output.save_images
+        )
+        print(format_table(self.test_document), flush=True)

@@ -1,0 +1,59 @@
+"""Full-image rendering in ray chunks, without gradients: memory is bounded by the chunk size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from pola_gnt.model.gnt import GNT, SourceViews
+from pola_gnt.render.rays import Rays, pixel_grid, pixel_rays, sample_depths
+
+
+@dataclass
+class RenderedImage:
+    rgb: Tensor  # [H, W, 3], clipped to [0, 1]
+    depth: Tensor  # [H, W] expected camera z-depth
+
+
+@torch.no_grad()
+def render_rays(
+    model: GNT,
+    rays: Rays,
+    sources: SourceViews,
+    depth_range: tuple[float, float],
+    n_samples: int,
+    chunk_rays: int,
+) -> tuple[Tensor, Tensor]:
+    """Colour `[rays, 3]` (clipped) and depth `[rays]` with deterministic samples, `chunk_rays` at a time."""
+    near, far = depth_range
+    colours, depths = [], []
+    for start in range(0, len(rays), chunk_rays):
+        chunk = rays[start:start + chunk_rays]
+        samples = sample_depths(near, far, len(chunk), n_samples, jitter=False, device=chunk.origins.device)
+        output = model(chunk, samples, sources)
+        colours.append(output.rgb.float().clamp(0.0, 1.0))
+        depths.append(output.depth.float())
+    return torch.cat(colours), torch.cat(depths)
+
+
+@torch.no_grad()
+def render_image(
+    model: GNT,
+    c2w: Tensor,
+    intrinsics: Tensor,
+    height: int,
+    width: int,
+    sources: SourceViews,
+    depth_range: tuple[float, float],
+    n_samples: int,
+    chunk_rays: int,
+    stride: int = 1,
+) -> RenderedImage:
+    """Render the camera (`c2w` `[4, 4]`, `intrinsics` `[3, 3]`) at every `stride`-th pixel."""
+    rows, cols = len(range(0, height, stride)), len(range(0, width, stride))
+    pixels = pixel_grid(rows, cols, device=c2w.device) * stride
+    rays = pixel_rays(c2w, intrinsics, pixels)
+    rgb, depth = render_rays(model, rays, sources, depth_range, n_samples, chunk_rays)
+    return RenderedImage(rgb=rgb.reshape(rows, cols, 3), depth=depth.reshape(rows, cols))

@@ -1,0 +1,237 @@
+"""Benchmark GNT against Pola-GNT: render / training throughput, peak memory, FLOP per ray.
+
+    python scripts/bench_render.py --out bench.json [--device cpu|cuda] [--samples 64 192]
+        [--views 10] [--rays 128] [--width 64 --blocks 4] [--repeats 3] [--bf16]
+
+Both models see the same synthetic forward-facing rig: `views` source cameras on a small grid
+looking down +z, a target camera at the origin, rays through random pixels, samples uniform in
+inverse depth over [2, 10] (nearly every sample is seen by most views). The encoder is EXCLUDED
+everywhere: source features are a fixed random `[views, 32, H/4, W/4]` tensor, so the figures
+measure the transformer part (gathering, view and ray transformers, read-out).
+
+Per model and sample count:
+- render rays/s: eval mode, no grad, one chunk of `rays` rays, median over repeats;
+- train rays/s: forward + backward (gradients of all transformer parameters), median over repeats;
+- peak memory of the training step above what was allocated before it (parameters, sources):
+  CUDA `max_memory_allocated`; on CPU the running total of the CPU allocator's allocations and frees
+  recorded by `torch.profiler(profile_memory=True)` during one extra, untimed step;
+- GFLOP per ray of the forward pass (and of forward + backward) by
+  `torch.utils.flop_counter.FlopCounterMode` (matmuls, convs, attention; elementwise ops are not
+  counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
+
+from pola_gnt.errors import UserError, exit_on_user_error
+from pola_gnt.model import GNT, SourceViews
+from pola_gnt.render.rays import Rays, pixel_rays, sample_depths
+
+MODELS = {"gnt": ("subtraction", "softmax"), "pola_gnt": ("pola", "pola")}
+HEIGHT, WIDTH = 378, 504  # LLFF at factor 8
+NEAR, FAR = 2.0, 10.0
+
+
+def synthetic_rig(n_views: int, n_rays: int, device: torch.device, seed: int = 0) -> tuple[SourceViews, Rays]:
+    """Random source images and features on a forward-facing grid of cameras, and target rays."""
+    generator = torch.Generator().manual_seed(seed)
+    focal = 0.8 * WIDTH
+    intrinsics = torch.tensor([[focal, 0.0, WIDTH / 2], [0.0, focal, HEIGHT / 2], [0.0, 0.0, 1.0]])
+    c2w = torch.eye(4).repeat(n_views, 1, 1)
+    c2w[:, :2, 3] = (torch.rand(n_views, 2, generator=generator) - 0.5) * 0.6  # within +-0.3 of the target
+    sources = SourceViews(
+        images=torch.rand(n_views, 3, HEIGHT, WIDTH, generator=generator),
+        features=torch.randn(n_views, 32, (HEIGHT + 3) // 4, (WIDTH + 3) // 4, generator=generator),
+        c2w=c2w,
+        intrinsics=intrinsics.expand(n_views, 3, 3).clone(),
+    )
+    pixels = torch.rand(n_rays, 2, generator=generator) * torch.tensor([WIDTH - 1.0, HEIGHT - 1.0])
+    rays = pixel_rays(torch.eye(4), intrinsics, pixels)
+    sources = SourceViews(*(t.to(device) for t in (sources.images, sources.features, sources.c2w, sources.intrinsics)))
+    return sources, rays.to(device)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(step, repeats: int, device: torch.device) -> float:
+    """Median wall time of `step()` over `repeats` runs after one warm-up run."""
+    step()
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def peak_step_memory_mb(step, device: torch.device) -> float:
+    """Peak memory allocated by `step()` beyond what was allocated before it, in MiB."""
+    if device.type == "cuda":
+        synchronize(device)
+        baseline = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - baseline) / 2**20
+    # CPU: replay the allocator's allocation (+) and free (-) events in time order.
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        step()
+    events = sorted(
+        (e for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]"),
+        key=lambda e: e.start_ns(),
+    )
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak / 2**20
+
+
+def counted_gflop(step) -> float:
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return counter.get_total_flops() / 1e9
+
+
+def bench_one(
+    kind: str, n_samples: int, args: argparse.Namespace, sources: SourceViews, rays: Rays, device: torch.device
+) -> dict:
+    torch.manual_seed(0)
+    view_attention, ray_attention = MODELS[kind]
+    model = GNT(view_attention, ray_attention, width=args.width, n_blocks=args.blocks, heads=args.heads)
+    model.encoder = None  # excluded from the benchmark: features are given (frees its 9 M parameters)
+    model.to(device)
+    n_rays = len(rays)
+    render_depths = sample_depths(NEAR, FAR, n_rays, n_samples, jitter=False, device=device)
+    train_depths = sample_depths(NEAR, FAR, n_rays, n_samples, jitter=True, device=device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.bf16 else nullcontext()
+
+    def render_step() -> None:
+        model.eval()
+        with torch.no_grad(), autocast:
+            model(rays, render_depths, sources)
+
+    def train_step() -> None:
+        model.train()
+        model.zero_grad(set_to_none=True)
+        with autocast:
+            out = model(rays, train_depths, sources)
+        (out.rgb.square().mean() + 1e-3 * out.depth.mean()).backward()
+
+    render_s = median_seconds(render_step, args.repeats, device)
+    train_s = median_seconds(train_step, args.repeats, device)
+    peak_mb = peak_step_memory_mb(train_step, device)
+    render_peak_mb = peak_step_memory_mb(render_step, device)
+    gflop = counted_gflop(render_step)
+    train_gflop = counted_gflop(train_step)
+    return {
+        "model": kind,
+        "n_samples": n_samples,
+        "n_views": args.views,
+        "render_rays_per_s": n_rays / render_s,
+        "train_rays_per_s": n_rays / train_s,
+        "peak_mem_mb": peak_mb,
+        "gflop_per_ray": gflop / n_rays,
+        "render_peak_mem_mb": render_peak_mb,
+        "train_gflop_per_ray": train_gflop / n_rays,
+        "n_rays": n_rays,
+        "transformer_params": sum(p.numel() for p in model.parameters()),
+        "encoder": "excluded",
+        "device": str(device),
+        "dtype": "bf16-autocast" if args.bf16 else "fp32",
+        "threads": torch.get_num_threads(),
+    }
+
+
+def print_table(rows: list[dict]) -> None:
+    """One line per sample count, GNT and Pola-GNT side by side."""
+    columns = [
+        ("render rays/s", "render_rays_per_s", "{:.0f}"),
+        ("train rays/s", "train_rays_per_s", "{:.0f}"),
+        ("train peak MB", "peak_mem_mb", "{:.0f}"),
+        ("render peak MB", "render_peak_mem_mb", "{:.0f}"),
+        ("GFLOP/ray fwd", "gflop_per_ray", "{:.3f}"),
+    ]
+    by_key = {(row["model"], row["n_samples"]): row for row in rows}
+    header = f"{'samples':>7} " + " ".join(f"| {name:^23}" for name, _, _ in columns)
+    sub = f"{'':>7} " + " ".join(f"| {'gnt':>10} {'pola_gnt':>12}" for _ in columns)
+    print(header)
+    print(sub)
+    for n_samples in sorted({row["n_samples"] for row in rows}):
+        cells = []
+        for _, key, fmt in columns:
+            gnt, pola = (by_key.get((kind, n_samples)) for kind in MODELS)
+            cells.append(
+                f"| {fmt.format(gnt[key]) if gnt else '-':>10} {fmt.format(pola[key]) if pola else '-':>12}"
+            )
+        print(f"{n_samples:>7} " + " ".join(cells))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSON file for the result rows")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--samples", type=int, nargs="+", default=[64, 192])
+    parser.add_argument("--views", type=int, default=10)
+    parser.add_argument("--rays", type=int, default=16, help="rays per chunk (one forward); raise it on a GPU")
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--blocks", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")
+    parser.add_argument("--models", nargs="+", choices=tuple(MODELS), default=list(MODELS))
+    parser.add_argument("--bf16", action="store_true", help="run under bf16 autocast")
+    return parser.parse_args(argv)
+
+
+@exit_on_user_error
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    for name in ("views", "rays", "width", "blocks", "heads", "repeats"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name}: must be at least 1, got {getattr(args, name)}")
+    if min(args.samples) < 1:
+        raise UserError(f"--samples: must be at least 1, got {args.samples}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device available")
+    device = torch.device(args.device)
+    sources, rays = synthetic_rig(args.views, args.rays, device)
+
+    rows = []
+    for n_samples in args.samples:
+        for kind in args.models:
+            row = bench_one(kind, n_samples, args, sources, rays, device)
+            rows.append(row)
+            print(
+                f"{kind:>9} S={n_samples:<4} render {row['render_rays_per_s']:8.0f} rays/s  "
+                f"train {row['train_rays_per_s']:8.0f} rays/s  peak {row['peak_mem_mb']:7.0f} MB  "
+                f"{row['gflop_per_ray']:.3f} GFLOP/ray",
+                file=sys.stderr, flush=True,
+            )
+    print(
+        f"\n{args.device}, {args.views} views, {args.rays} rays per chunk, width {args.width}, "
+        f"{args.blocks} blocks, {'bf16 autocast' if args.bf16 else 'fp32'}; encoder excluded"
+    )
+    print_table(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,292 @@
+"""polarity_attention against a direct, unvectorised float64 implementation of the math."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pola_gnt.attention import functional
+from pola_gnt.attention.functional import EPSILON, EXPONENT_CLAMP, polarity_attention, resolve_form
+
+FORMS = ("linear", "quadratic")
+
+
+# --------------------------------------------------------------------------------------------------
+# Reference: python loops over queries, keys and channels (docs: pola_attention.md, "The math")
+
+
+def _phi(z: float) -> float:
+    return math.expm1(min(z, EXPONENT_CLAMP))
+
+
+def _reference_head(q, k, v, temp_same, temp_opp, key_mask, query_map=_phi) -> list[list[float]]:
+    """One head: q `[Nq][d]`, k, v `[Nk][d]`, temps `[2d]`, key_mask `[Nk]` as python lists."""
+    d, half = len(q[0]), len(q[0]) // 2
+    out = []
+    for q_i in q:
+        row = []
+        for stream in ("same", "opp"):
+            numerator, denominator = [0.0] * half, 0.0
+            for k_j, v_j, visible in zip(k, v, key_mask):
+                if not visible:
+                    continue
+                weight = 0.0
+                for c in range(d):
+                    q_pos, q_neg = max(q_i[c], 0.0), max(-q_i[c], 0.0)
+                    k_pos, k_neg = _phi(max(k_j[c], 0.0)), _phi(max(-k_j[c], 0.0))
+                    if stream == "same":  # (+, +) and (-, -)
+                        weight += query_map(temp_same[c] * q_pos) * k_pos
+                        weight += query_map(temp_same[d + c] * q_neg) * k_neg
+                    else:  # (-, +) and (+, -)
+                        weight += query_map(temp_opp[c] * q_neg) * k_pos
+                        weight += query_map(temp_opp[d + c] * q_pos) * k_neg
+                values = v_j[:half] if stream == "same" else v_j[half:]
+                numerator = [n + weight * x for n, x in zip(numerator, values)]
+                denominator += weight
+            row += [n / (denominator + EPSILON) for n in numerator]
+        out.append(row)
+    return out
+
+
+def reference_attention(q, k, v, temp_same, temp_opp, key_mask=None, query_map=_phi) -> torch.Tensor:
+    """q `[B, H, Nq, d]`, k, v `[B, H, Nk, d]`, temps `[H, 2d]`, key_mask `[B, H, Nk]`."""
+    batch, heads, num_keys = k.shape[:3]
+    if key_mask is None:
+        key_mask = torch.ones(batch, heads, num_keys, dtype=torch.bool)
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for b in range(batch):
+        for h in range(heads):
+            args = (q[b, h], k[b, h], v[b, h], temp_same[h], temp_opp[h], key_mask[b, h])
+            out[b, h] = torch.tensor(_reference_head(*(x.tolist() for x in args), query_map=query_map))
+    return out
+
+
+def _inputs(num_queries, num_keys, batch=2, heads=2, d=4, seed=0, dtype=torch.float32, masked=True):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, num_queries, d, generator=gen, dtype=torch.float64)
+    k = torch.randn(batch, heads, num_keys, d, generator=gen, dtype=torch.float64)
+    v = torch.randn(batch, heads, num_keys, d, generator=gen, dtype=torch.float64)
+    temp_same = torch.rand(heads, 2 * d, generator=gen, dtype=torch.float64) * 0.9 + 0.1
+    temp_opp = torch.rand(heads, 2 * d, generator=gen, dtype=torch.float64) * 0.9 + 0.1
+    key_mask = torch.rand(batch, heads, num_keys, generator=gen) > 0.35 if masked else None
+    if key_mask is not None:
+        key_mask[..., 0] = True
+    tensors = [x.to(dtype) for x in (q, k, v, temp_same, temp_opp)]
+    return tensors, key_mask
+
+
+def _run(form, q, k, v, temp_same, temp_opp, key_mask=None):
+    """The module convention: temps `[heads, 2d]` broadcast as `[heads, 1, 2d]`."""
+    return polarity_attention(q, k, v, temp_same.unsqueeze(-2), temp_opp.unsqueeze(-2), key_mask, form=form)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Force the linear form to walk its sequences in several chunks."""
+    monkeypatch.setattr(functional, "_MIN_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(functional, "_MAX_CHUNK_ELEMENTS", 3 * 2 * 2 * 4)  # 3 tokens of [2 heads, 2d = 8]
+
+
+# --------------------------------------------------------------------------------------------------
+# Values
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("num_queries,num_keys", [(6, 6), (1, 7), (5, 9)])
+def test_matches_reference(form, masked, num_queries, num_keys):
+    (q, k, v, ts, to), mask = _inputs(num_queries, num_keys, masked=masked)
+    expected = reference_attention(q.double(), k.double(), v.double(), ts.double(), to.double(), mask)
+    out = _run(form, q, k, v, ts, to, mask)
+    assert out.dtype == torch.float32 and out.shape == q.shape
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_linear_form_in_chunks_matches_reference(small_chunks):
+    (q, k, v, ts, to), mask = _inputs(11, 13, dtype=torch.float64)
+    expected = reference_attention(q, k, v, ts, to, mask)
+    torch.testing.assert_close(_run("linear", q, k, v, ts, to, mask), expected)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_masking_a_key_equals_deleting_it(form):
+    (q, k, v, ts, to), _ = _inputs(5, 8, batch=1, heads=1, masked=False)
+    mask = torch.ones(1, 1, 8, dtype=torch.bool)
+    mask[..., [1, 6]] = False
+    kept = mask[0, 0]
+    # Huge values on the masked keys: any leak into numerator or denominator would show.
+    k[..., ~kept, :] *= 50
+    v[..., ~kept, :] *= 1e4
+    torch.testing.assert_close(_run(form, q, k, v, ts, to, mask), _run(form, q, k[..., kept, :], v[..., kept, :], ts, to))
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_all_masked_query_gives_zeros_and_finite_gradients(form):
+    (q, k, v, ts, to), mask = _inputs(4, 6)
+    mask[0] = False
+    for x in (q, k, v, ts, to):
+        x.requires_grad_(True)
+    out = _run(form, q, k, v, ts, to, mask)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    assert (out[1].abs() > 0).any()
+    out.sum().backward()
+    for x in (q, k, v, ts, to):
+        assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_polarity_routing(form):
+    """Positive q and k only interact through (+, +): the opposite-sign stream sees zero weight.
+
+    With q >= 0, `Qo = expm1(po * [q-, q+]) = [0, expm1(po q+)]` and with k >= 0,
+    `K = [expm1(k+), 0]`, so `Qo . K = 0` for every key and `out_o = 0 / eps = 0`; the same-sign
+    stream is plain positive-weight attention. Flipping the sign of q swaps the roles.
+    """
+    (q, k, v, ts, to), _ = _inputs(5, 7, masked=False)
+    q, k = q.abs() + 0.1, k.abs() + 0.1
+    d, half = q.shape[-1], q.shape[-1] // 2
+    out = _run(form, q, k, v, ts, to)
+    assert torch.equal(out[..., half:], torch.zeros_like(out[..., half:]))
+    # Temperature channels [0, d) act on q+ in the same-sign stream, on q- in the opposite one.
+    weights = torch.expm1(ts[:, None, :d] * q) @ torch.expm1(k).transpose(-1, -2)  # [B, H, Nq, Nk]
+    expected = (weights @ v[..., :half]) / (weights.sum(-1, keepdim=True) + EPSILON)
+    torch.testing.assert_close(out[..., :half], expected)
+
+    flipped = _run(form, -q, k, v, ts, to)
+    assert torch.equal(flipped[..., :half], torch.zeros_like(flipped[..., :half]))
+    weights = torch.expm1(to[:, None, :d] * q) @ torch.expm1(k).transpose(-1, -2)
+    expected = (weights @ v[..., half:]) / (weights.sum(-1, keepdim=True) + EPSILON)
+    torch.testing.assert_close(flipped[..., half:], expected)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_small_temperature_limit(form):
+    """temp -> 0: expm1(t x) = t x + O(t^2), so a uniform query temperature cancels in the
+    normalisation and the output tends to linear attention with query features [q+, q-] (keys keep
+    expm1), with an error O(t). Once the weights t * (...) fall below EPSILON the eps term takes over
+    and the output goes to 0, as for a query of all zeros."""
+    (q, k, v, _, _), mask = _inputs(4, 6, dtype=torch.float64)
+    d = q.shape[-1]
+    ones = torch.ones(q.shape[1], 2 * d, dtype=torch.float64)
+    limit = reference_attention(q, k, v, ones, ones, mask, query_map=lambda z: z)
+    errors = []
+    for temp in (1e-1, 1e-2, 1e-3):
+        errors.append((_run(form, q, k, v, temp * ones, temp * ones, mask) - limit).abs().max())
+        assert errors[-1] < temp
+    assert errors[0] > 5 * errors[1] > 25 * errors[2]  # first-order convergence
+    # A large temperature is visibly different from that limit ...
+    assert (_run(form, q, k, v, ones, ones, mask) - limit).abs().max() > 0.1
+    # ... and a vanishing one is dominated by eps: zero output.
+    vanishing = _run(form, q, k, v, 1e-12 * ones, 1e-12 * ones, mask)
+    assert vanishing.abs().max() < 1e-4 * limit.abs().max()
+
+
+def test_auto_form_picks_the_cheaper_order():
+    assert resolve_form("auto", 1, 10, 32) == "quadratic"  # view attention: one query, ~10 views
+    assert resolve_form("auto", 4096, 4096, 32) == "linear"
+    assert resolve_form("auto", 64, 64, 16) == "linear"
+    assert resolve_form("auto", 64, 64, 32) == "quadratic"
+    assert resolve_form("quadratic", 4096, 4096, 32) == "quadratic"
+    with pytest.raises(ValueError, match="form"):
+        resolve_form("fast", 1, 1, 2)
+    (q, k, v, ts, to), _ = _inputs(3, 3, masked=False)
+    with pytest.raises(ValueError, match="even"):
+        polarity_attention(q[..., :3], k[..., :3], v[..., :3], ts[..., :6], to[..., :6])
+
+
+# --------------------------------------------------------------------------------------------------
+# Gradients
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("masked", [False, True])
+def test_gradcheck(form, masked):
+    (q, k, v, ts, to), mask = _inputs(4, 5, batch=1, dtype=torch.float64, masked=masked)
+    inputs = tuple(x.requires_grad_(True) for x in (q, k, v, ts, to))
+    assert torch.autograd.gradcheck(lambda *x: _run(form, *x, mask), inputs)
+
+
+@pytest.mark.parametrize("temp_shape", [(1, 8), (8,), (2, 1, 8)])
+def test_gradcheck_linear_in_chunks_with_broadcast_temperatures(small_chunks, temp_shape):
+    """Several chunks, and temperatures shared across batch or heads reduce their gradients."""
+    (q, k, v, _, _), mask = _inputs(7, 8, batch=1, dtype=torch.float64)
+    ts = torch.rand(temp_shape, dtype=torch.float64, requires_grad=True)
+    to = torch.rand(temp_shape, dtype=torch.float64, requires_grad=True)
+    inputs = (q.requires_grad_(True), k.requires_grad_(True), v.requires_grad_(True), ts, to)
+    assert torch.autograd.gradcheck(lambda *x: polarity_attention(*x, mask, form="linear"), inputs)
+
+
+def test_clamped_exponent_gradients_match_autograd():
+    """Above the clamp the features are constant: the custom backward must agree with autograd."""
+    (q, k, v, ts, to), mask = _inputs(4, 5, dtype=torch.float64)
+    q, k = q * 40, k * 40  # many exponents beyond EXPONENT_CLAMP
+    grads = {}
+    for form in FORMS:
+        inputs = [x.clone().requires_grad_(True) for x in (q, k, v, ts, to)]
+        (_run(form, *inputs, mask) * torch.linspace(-1, 1, q.shape[-1], dtype=torch.float64)).sum().backward()
+        grads[form] = [x.grad for x in inputs]
+    for linear, quadratic in zip(grads["linear"], grads["quadratic"]):
+        torch.testing.assert_close(linear, quadratic)
+
+
+# --------------------------------------------------------------------------------------------------
+# Reduced precision
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("scale", [1.0, 1e3])
+def test_bf16_autocast_is_finite_and_accurate(form, scale):
+    (q, k, v, ts, to), mask = _inputs(16, 24, d=8)
+    q, k, v = q * scale, k * scale, v * scale
+    expected = _run(form, *(x.double() for x in (q, k, v, ts, to)), mask)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v, ts, to)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        # A bf16 projection under autocast, as in the modules.
+        q_bf16 = leaves[0] @ torch.eye(q.shape[-1])
+        assert q_bf16.dtype == torch.bfloat16
+        out = _run(form, q_bf16, *leaves[1:], mask)
+        assert out.dtype == torch.bfloat16
+        out.float().square().sum().backward()
+    assert torch.isfinite(out.float()).all()
+    # bf16 rounding of q (8 bits) is the only error source: relative 2^-8 of the output scale.
+    torch.testing.assert_close(out.double(), expected, rtol=0.05, atol=0.02 * scale)
+    for x in leaves:
+        assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_half_inputs_with_large_magnitudes_are_finite(form):
+    (q, k, v, ts, to), mask = _inputs(16, 24, d=8)
+    leaves = [(x * 6e4 / x.abs().max()).half().requires_grad_(True) for x in (q, k, v)]  # |x| <= 6e4
+    leaves += [ts.half().requires_grad_(True), to.half().requires_grad_(True)]
+    out = _run(form, *leaves, mask)
+    assert out.dtype == torch.float16
+    assert torch.isfinite(out).all()
+    (out.float() / 6e4).square().sum().backward()
+    for x in leaves:
+        assert torch.isfinite(x.grad).all()
+
+
+def test_sums_over_many_large_keys_stay_finite():
+    """The documented bound: 2d * e^(2 * 20) * 1e6 keys * 6.5e4 fits in fp32 (fp32 summation
+    of 1e6 terms costs some 1e-4 relative accuracy)."""
+    num_keys = 1_000_000
+    q = torch.full((1, 1, 8), 1e4)  # every exponent clamped: features e^20
+    k = torch.full((1, num_keys, 8), 1e4)
+    v = torch.full((1, num_keys, 8), 6.5e4)
+    temps = torch.ones(1, 16)
+    out = polarity_attention(q, k, v, temps, temps, form="linear")
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[..., :4], torch.full((1, 1, 4), 6.5e4), rtol=1e-3, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_linear_dispatch_matches_quadratic():
+    (q, k, v, ts, to), mask = _inputs(300, 257, d=16)
+    args = [x.cuda() for x in (q, k, v, ts, to)]
+    linear = _run("linear", *args, mask.cuda())
+    quadratic = _run("quadratic", *args, mask.cuda())
+    torch.testing.assert_close(linear, quadratic, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,334 @@
+"""Model tests on a tiny synthetic rig: encoder shapes, gathering, masking, read-out, autocast.
+
+Rig: OpenCV cameras looking down +z. The target camera sits at the origin; source cameras sit on a
+small square either at z = 0 (beside the target) or at z = 1.5 (ahead of it, so that samples with
+depth < 1.5 are behind every source camera).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pola_gnt.errors import UserError
+from pola_gnt.model import GNT, ImageEncoder, SourceViews
+from pola_gnt.model.gnt import gather_source_samples, masked_max, sinusoidal_encoding
+from pola_gnt.render.rays import Rays, pixel_rays, project_points
+
+HEIGHT, WIDTH, FOCAL = 24, 32, 30.0
+MODEL_KINDS = {"gnt": ("subtraction", "softmax"), "pola_gnt": ("pola", "pola")}
+TINY_ENCODER = {"stage_channels": (8, 16, 16), "stage_blocks": (1, 1, 1), "feature_channels": 32}
+
+
+def intrinsics() -> torch.Tensor:
+    return torch.tensor([[FOCAL, 0.0, WIDTH / 2], [0.0, FOCAL, HEIGHT / 2], [0.0, 0.0, 1.0]])
+
+
+def square_rig(z: float, half_side: float = 0.2) -> torch.Tensor:
+    """Four cameras looking down +z at the corners of a square in the plane `z`: `[4, 4, 4]`."""
+    c2w = torch.eye(4).repeat(4, 1, 1)
+    c2w[:, 0, 3] = torch.tensor([-1.0, 1.0, -1.0, 1.0]) * half_side
+    c2w[:, 1, 3] = torch.tensor([-1.0, -1.0, 1.0, 1.0]) * half_side
+    c2w[:, 2, 3] = z
+    return c2w
+
+
+def make_sources(c2w: torch.Tensor, seed: int = 0, feature_size: tuple[int, int] | None = None) -> SourceViews:
+    """Random images and random features (default: same size as the images) for cameras `c2w`."""
+    generator = torch.Generator().manual_seed(seed)
+    n_views = c2w.shape[0]
+    height, width = feature_size or (HEIGHT, WIDTH)
+    return SourceViews(
+        images=torch.rand(n_views, 3, HEIGHT, WIDTH, generator=generator),
+        features=torch.randn(n_views, 32, height, width, generator=generator),
+        c2w=c2w,
+        intrinsics=intrinsics().expand(n_views, 3, 3),
+    )
+
+
+def target_rays(pixels: list[tuple[float, float]]) -> Rays:
+    return pixel_rays(torch.eye(4), intrinsics(), torch.tensor(pixels))
+
+
+def tiny_model(kind: str, seed: int = 0) -> GNT:
+    torch.manual_seed(seed)
+    view_attention, ray_attention = MODEL_KINDS[kind]
+    return GNT(view_attention, ray_attention, width=32, n_blocks=2, heads=4, encoder=TINY_ENCODER).eval()
+
+
+# --------------------------------------------------------------------------------------------------
+# Encoder
+
+
+@pytest.mark.parametrize("size", [(24, 32), (25, 35)])
+def test_encoder_outputs_32_channels_at_quarter_resolution(size):
+    encoder = ImageEncoder(**TINY_ENCODER)
+    features = encoder(torch.rand(2, 3, *size))
+    assert features.shape == (2, 32, math.ceil(size[0] / 4), math.ceil(size[1] / 4))
+
+
+def test_full_encoder_has_about_9m_parameters():
+    n_params = sum(p.numel() for p in ImageEncoder().parameters())
+    assert 8.5e6 < n_params < 9.5e6
+
+
+def test_encoder_rejects_too_small_images():
+    with pytest.raises(UserError, match="model.encoder: input"):
+        ImageEncoder(**TINY_ENCODER)(torch.rand(1, 3, 16, 32))
+
+
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        ({"view_attention": "linear"}, "model.view_attention"),
+        ({"ray_attention": "subtraction"}, "model.ray_attention"),
+        ({"encoder_input_scale": 0.0}, "model.encoder_input_scale"),
+    ],
+)
+def test_bad_model_settings_are_user_errors_naming_the_key(kwargs, key):
+    with pytest.raises(UserError, match=key):
+        GNT(width=32, n_blocks=1, encoder=TINY_ENCODER, **kwargs)
+
+
+def test_gnt_transformer_parameter_count_matches_reference():
+    counts = GNT("subtraction", "softmax", width=64, n_blocks=4).parameter_counts()
+    assert 0.42e6 < counts["transformer"] < 0.46e6  # GNT reference: about 0.44 M at depth 4
+
+
+# --------------------------------------------------------------------------------------------------
+# Building blocks
+
+
+def test_sinusoidal_encoding_has_63_numbers_for_3d_input_at_10_frequencies():
+    x = torch.tensor([[0.5, -1.0, 2.0]])
+    code = sinusoidal_encoding(x, 10)
+    assert code.shape == (1, 63)
+    assert torch.equal(code[:, :3], x)
+    assert torch.allclose(code[:, 3 + 3 * 4 : 3 + 3 * 5], torch.sin(x * 16.0))  # 5th frequency is 2^4
+
+
+def test_masked_max_ignores_masked_views_and_gives_zeros_when_none_visible():
+    tokens = torch.tensor([[[1.0, 5.0], [3.0, -2.0], [9.0, 9.0]], [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]])
+    mask = torch.tensor([[True, True, False], [False, False, False]])
+    assert torch.equal(masked_max(tokens, mask), torch.tensor([[3.0, 5.0], [0.0, 0.0]]))
+
+
+# --------------------------------------------------------------------------------------------------
+# Gathering
+
+
+def rotated_camera() -> torch.Tensor:
+    """A camera turned 20 degrees about y and 10 about x, away from the origin."""
+    a, b = math.radians(20), math.radians(10)
+    rot_y = torch.tensor([[math.cos(a), 0, math.sin(a)], [0, 1, 0], [-math.sin(a), 0, math.cos(a)]])
+    rot_x = torch.tensor([[1, 0, 0], [0, math.cos(b), -math.sin(b)], [0, math.sin(b), math.cos(b)]])
+    c2w = torch.eye(4)
+    c2w[:3, :3] = rot_y @ rot_x
+    c2w[:3, 3] = torch.tensor([0.3, -0.2, 0.1])
+    return c2w[None]
+
+
+def point_seen_at(c2w: torch.Tensor, u: float, v: float, depth: float) -> torch.Tensor:
+    """World point that camera `c2w` `[4, 4]` sees at pixel (u, v) and z-depth `depth`: `[3]`."""
+    camera = torch.linalg.inv(intrinsics()) @ torch.tensor([u, v, 1.0]) * depth
+    return c2w[:3, :3] @ camera + c2w[:3, 3]
+
+
+@pytest.mark.parametrize("u, v", [(7, 5), (0, 0), (WIDTH - 1, HEIGHT - 1), (20, 13)])
+def test_gather_reads_the_exact_pixel_a_point_projects_to(u, v):
+    c2w = rotated_camera()
+    sources = make_sources(c2w)
+    point = point_seen_at(c2w[0], u, v, depth=2.5)
+    gathered = gather_source_samples(point[None, None], torch.zeros(1, 3), sources)
+    assert gathered.values.shape == (1, 1, 1, 35)
+    assert gathered.visible.item()
+    values = gathered.values[0, 0, 0]
+    assert torch.allclose(values[:3], sources.images[0, :, v, u], atol=1e-4)
+    assert torch.allclose(values[3:], sources.features[0, :, v, u], atol=1e-4)
+
+
+def test_gather_reads_quarter_resolution_features_at_the_same_normalised_position():
+    c2w = rotated_camera()
+    sources = make_sources(c2w, feature_size=(HEIGHT // 4, WIDTH // 4))
+    corners = [((0, 0), (0, 0)), ((WIDTH - 1, HEIGHT - 1), (-1, -1)), ((0, HEIGHT - 1), (-1, 0))]
+    for (u, v), (row, col) in corners:
+        point = point_seen_at(c2w[0], u, v, depth=3.0)
+        features = gather_source_samples(point[None, None], torch.zeros(1, 3), sources).values[0, 0, 0, 3:]
+        assert torch.allclose(features, sources.features[0, :, row, col], atol=1e-4)
+
+
+def test_gather_zeroes_points_behind_the_camera():
+    c2w = rotated_camera()
+    sources = make_sources(c2w)
+    # The mirror image of a point in front: projects inside the image, but from behind.
+    in_front = point_seen_at(c2w[0], 10, 8, depth=2.0)
+    behind = 2 * c2w[0, :3, 3] - in_front
+    projection = project_points(behind[None], c2w, intrinsics()[None], HEIGHT, WIDTH)
+    assert (projection.pixels[0, 0] >= 0).all() and projection.depth[0, 0] < 0  # inside, yet behind
+    gathered = gather_source_samples(behind[None, None], torch.zeros(1, 3), sources)
+    assert not gathered.visible.item()
+    assert torch.count_nonzero(gathered.values) == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Forward, gradients, read-out
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_forward_shapes_finite_and_gradients_reach_encoder_and_transformer(kind):
+    model = tiny_model(kind).train()
+    c2w = square_rig(z=0.0)
+    images = make_sources(c2w).images
+    sources = model.source_views(images, c2w, intrinsics().expand(4, 3, 3))
+    rays = target_rays([(5.0, 4.0), (16.0, 12.0), (25.5, 18.2)])
+    depths = torch.linspace(2.0, 6.0, 8).expand(3, 8)
+
+    out = model(rays, depths, sources)
+    assert out.rgb.shape == (3, 3) and out.depth.shape == (3,)
+    assert out.weights.shape == (3, 8) and out.seen.shape == (3, 8) and out.seen.dtype == torch.bool
+    assert all(torch.isfinite(t).all() for t in (out.rgb, out.depth, out.weights))
+
+    (out.rgb.square().sum() + out.depth.sum()).backward()
+    without_gradient = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.any()]
+    assert without_gradient == []
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_weights_sum_to_one_over_seen_samples_and_depth_is_within_the_samples(kind):
+    torch.manual_seed(1)
+    model = tiny_model(kind)
+    # Random read-out scores so the weights are not uniform.
+    torch.nn.init.normal_(model.readout.score.weight, std=1.0)
+    sources = make_sources(square_rig(z=1.5))
+    rays = target_rays([(16.0, 12.0), (12.0, 9.0), (21.0, 15.0)])
+    depths = torch.stack([torch.linspace(0.5, 6.0, 12), torch.linspace(1.0, 4.0, 12), torch.linspace(2.0, 40.0, 12)])
+
+    with torch.no_grad():
+        out = model(rays, depths, sources)
+    # Rays 0 and 1 start behind the sources (z < 1.5): their first samples are unseen.
+    assert out.seen.any(dim=-1).all() and not out.seen[:2, 0].any()
+    assert torch.allclose(out.weights.sum(dim=-1), torch.ones(3))
+    assert torch.count_nonzero(out.weights[~out.seen]) == 0
+    assert out.weights[out.seen].std() > 1e-3  # not uniform: the check above is not trivial
+    # The expected depth lies between the nearest and farthest *seen* sample (hence within all samples).
+    nearest_seen = depths.masked_fill(~out.seen, float("inf")).min(dim=-1).values
+    farthest_seen = depths.masked_fill(~out.seen, float("-inf")).max(dim=-1).values
+    assert (out.depth >= nearest_seen - 1e-5).all() and (out.depth <= farthest_seen + 1e-5).all()
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_ray_seen_by_no_view_gets_uniform_weights_and_finite_output(kind):
+    model = tiny_model(kind)
+    sources = make_sources(square_rig(z=1.5))
+    rays = target_rays([(16.0, 12.0), (16.0, 12.0)])
+    depths = torch.stack([torch.linspace(0.3, 1.2, 6), torch.linspace(2.0, 5.0, 6)])  # ray 0 behind all
+    with torch.no_grad():
+        out = model(rays, depths, sources)
+    assert not out.seen[0].any() and out.seen[1].all()
+    assert torch.allclose(out.weights[0], torch.full((6,), 1 / 6))
+    assert torch.isfinite(out.rgb).all() and torch.isfinite(out.depth).all()
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_bf16_autocast_forward_is_finite_and_close_to_fp32(kind):
+    model = tiny_model(kind)
+    sources = make_sources(square_rig(z=0.0))
+    rays = target_rays([(5.0, 4.0), (16.0, 12.0)])
+    depths = torch.linspace(2.0, 6.0, 8).expand(2, 8)
+    with torch.no_grad():
+        reference = model(rays, depths, sources)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(rays, depths, sources)
+    assert torch.isfinite(out.rgb).all() and torch.isfinite(out.depth).all()
+    assert out.rgb.dtype == torch.float32
+    assert torch.equal(out.seen, reference.seen)  # geometry stays fp32 under autocast
+    assert torch.allclose(out.rgb, reference.rgb, atol=0.1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Masking: what no source view sees must not influence the output
+
+
+def read_pixels(sources: SourceViews, points: torch.Tensor) -> torch.Tensor:
+    """Bool `[views, H, W]`: pixels that bilinear reads of `points` `[n, 3]` touch, visible or not."""
+    projection = project_points(points, sources.c2w, sources.intrinsics, HEIGHT, WIDTH)
+    touched = torch.zeros(sources.c2w.shape[0], HEIGHT, WIDTH, dtype=torch.bool)
+    for view in range(sources.c2w.shape[0]):
+        for u, v in projection.pixels[view].tolist():
+            for col in {math.floor(u), math.ceil(u)}:
+                for row in {math.floor(v), math.ceil(v)}:
+                    if 0 <= col < WIDTH and 0 <= row < HEIGHT:
+                        touched[view, row, col] = True
+    return touched
+
+
+def perturbed(sources: SourceViews, where: torch.Tensor) -> SourceViews:
+    """Sources whose images and (same-size) features change at the pixels `where` `[views, H, W]`."""
+    region = where[:, None].float()
+    return SourceViews(
+        images=sources.images * (1 - region) + (1 - sources.images) * region,
+        features=sources.features + 5.0 * region,
+        c2w=sources.c2w,
+        intrinsics=sources.intrinsics,
+    )
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_sample_seen_by_no_view_does_not_affect_the_ray(kind):
+    model = tiny_model(kind)
+    sources = make_sources(square_rig(z=1.5))
+    rays = target_rays([(20.0, 15.0)])
+    # The first sample (depth 1.0) is behind every source camera (z = 1.5); the others are seen.
+    depths = torch.tensor([[1.0, 2.5, 3.0, 3.6, 4.3, 5.0, 6.0]])
+    with torch.no_grad():
+        reference = model(rays, depths, sources)
+    assert reference.seen.tolist() == [[False] + [True] * 6]
+
+    points = rays.origins[:, None] + depths[..., None] * rays.directions[:, None]  # [1, samples, 3]
+    read_by_unseen = read_pixels(sources, points[0, :1])
+    read_by_seen = read_pixels(sources, points[0, 1:])
+    garbage_only = read_by_unseen & ~read_by_seen
+    assert garbage_only.any()  # the unseen sample projects (mirrored) into the images
+
+    with torch.no_grad():
+        # 1. What the unseen sample would read changes: the output must not.
+        changed_reads = model(rays, depths, perturbed(sources, garbage_only))
+        # 2. The unseen sample moves (still behind every source): its token changes through the
+        #    positional code, but it is no key of the ray attention and has no read-out weight.
+        moved_depths = depths.clone()
+        moved_depths[0, 0] = 0.4
+        moved = model(rays, moved_depths, sources)
+        # Control: the same kind of change on what a seen sample reads does change the output.
+        changed_seen = model(rays, depths, perturbed(sources, read_by_seen & ~read_by_unseen))
+
+    for out in (changed_reads, moved):
+        assert torch.allclose(out.rgb, reference.rgb, atol=1e-6)
+        assert torch.allclose(out.depth, reference.depth, atol=1e-6)
+        assert torch.allclose(out.weights, reference.weights, atol=1e-6)
+    assert not torch.allclose(changed_seen.rgb, reference.rgb, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_view_invisible_to_every_sample_is_the_same_as_no_view(kind):
+    model = tiny_model(kind)
+    c2w = square_rig(z=0.0)
+    # A fifth camera at the target looking backwards (-z): every sample is behind it.
+    looking_back = torch.diag(torch.tensor([-1.0, 1.0, -1.0, 1.0]))
+    with_extra = make_sources(torch.cat([c2w, looking_back[None]]), seed=3)
+    without_extra = SourceViews(
+        images=with_extra.images[:4], features=with_extra.features[:4],
+        c2w=with_extra.c2w[:4], intrinsics=with_extra.intrinsics[:4],
+    )
+    rays = target_rays([(5.0, 4.0), (16.0, 12.0), (27.0, 20.0)])
+    depths = torch.linspace(2.0, 6.0, 10).expand(3, 10)
+    with torch.no_grad():
+        out_with = model(rays, depths, with_extra)
+        out_without = model(rays, depths, without_extra)
+    assert not gather_source_samples(
+        rays.origins[:, None] + depths[..., None] * rays.directions[:, None], rays.origins, with_extra
+    ).visible[..., 4].any()
+    assert torch.allclose(out_with.rgb, out_without.rgb, atol=1e-5)
+    assert torch.allclose(out_with.depth, out_without.depth, atol=1e-5)
