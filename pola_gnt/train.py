@@ -12,7 +12,7 @@ import pytorch_lightning as pl
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint, OnExceptionCheckpoint
+from pytorch_lightning.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 
 from pola_gnt.checkpoints import CHECKPOINT_DIR, check_compatible, resolve_checkpoint
@@ -22,12 +22,24 @@ from pola_gnt.data.scenes import load_scene
 from pola_gnt.model.lightning import GNTSystem
 
 
+class CheckpointOnInterrupt(Callback):
+    """Save `last.ckpt` when training stops on an exception (Ctrl-C, SIGTERM), so `ckpt_path=last`
+    resumes from the last finished step rather than the last validation."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if trainer.state.fn == "fit" and trainer.global_step > 0:
+            trainer.save_checkpoint(self.path)
+
+
 def build_trainer(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     checkpoint_dir = run_dir / CHECKPOINT_DIR
     callbacks = [
         ModelCheckpoint(dirpath=checkpoint_dir, filename="best-step{step}-psnr{val/psnr:.2f}", monitor="val/psnr",
                         mode="max", save_top_k=1, save_last=True, auto_insert_metric_name=False),
-        OnExceptionCheckpoint(dirpath=checkpoint_dir, filename="last"),  # Ctrl-C keeps the progress
+        CheckpointOnInterrupt(checkpoint_dir / "last.ckpt"),
         LearningRateMonitor(logging_interval="step"),
     ]
     loggers = [TensorBoardLogger(run_dir, name="tensorboard", version=""), CSVLogger(run_dir, name="csv", version="")]

@@ -339,13 +339,15 @@ def main(argv: list[str] | None = None) -> None:
         flush=True,
     )
     rows: list[dict] = []
-    for impl in args.impls:
-        previous = None
-        for seq_len in sorted(lengths):
-            row = run_row(args, impl, seq_len, budget_mb, previous)
+    previous: dict[str, dict] = {}  # last row of each impl that ran or was skipped
+    # Length-major order: the impls of one length run back to back, under the same machine load.
+    for seq_len in sorted(lengths):
+        for impl in args.impls:
+            row = run_row(args, impl, seq_len, budget_mb, previous.get(impl))
             rows.append(row)
             print(f"  {impl:12s} {seq_len:7d}  {_cell(row)}" + (f"  ({row['reason']})" if "reason" in row else ""), flush=True)
-            previous = row if not row.get("oom") else previous
+            if not row.get("oom"):
+                previous[impl] = row
     print()
     print(format_table(rows, args.impls))
     args.out.parent.mkdir(parents=True, exist_ok=True)

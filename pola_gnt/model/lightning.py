@@ -48,14 +48,15 @@ class GNTSystem(pl.LightningModule):
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         output = self._render_batch(batch)
         loss = F.mse_loss(output.rgb.float(), batch["rgb"])
-        self.log("train/loss", loss)
-        self.log("train/psnr", mse_to_psnr(loss.detach()), prog_bar=True)
+        n_rays = len(batch["rgb"])
+        self.log("train/loss", loss, batch_size=n_rays)
+        self.log("train/psnr", mse_to_psnr(loss.detach()), prog_bar=True, batch_size=n_rays)
         return loss
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         output = self._render_batch(batch)
         mse = F.mse_loss(output.rgb.float().clamp(0, 1), batch["rgb"])
-        self.log("val/psnr", mse_to_psnr(mse), prog_bar=True, sync_dist=True)
+        self.log("val/psnr", mse_to_psnr(mse), prog_bar=True, sync_dist=True, batch_size=len(batch["rgb"]))
 
     def configure_optimizers(self):
         optim = self.cfg.optim

@@ -1,0 +1,147 @@
+"""Training: config composition, one-step runs per model, overfitting, exact resume, DDP, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from pola_gnt.config import CONFIG_DIR
+from pola_gnt.data.datamodule import TrainSteps
+from pola_gnt.data.scenes import load_scene
+from pola_gnt.model.lightning import GNTSystem, mse_to_psnr
+from pola_gnt.render.rays import Rays
+from pola_gnt.train import train
+
+from conftest import TINY_OVERRIDES, run_module
+
+
+def compose_config(*overrides: str):
+    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("experiment", ["quick", "paper"])
+@pytest.mark.parametrize("model", ["pola_gnt", "gnt"])
+def test_real_configs_compose(model, experiment):
+    cfg = compose_config(f"model={model}", f"experiment={experiment}")
+    assert cfg.model.name == model
+    if experiment == "paper":  # GNT's published single-scene setting
+        assert (cfg.data.factor, cfg.data.num_source_views, cfg.render.n_samples) == (4, 10, 192)
+        assert (cfg.data.rays_per_step, cfg.trainer.max_steps) == (4096, 250000)
+        assert cfg.model.net.width == 64 and cfg.model.net.n_blocks == 4
+    expected = {"pola_gnt": ("pola", "pola"), "gnt": ("subtraction", "softmax")}[model]
+    assert (cfg.model.net.view_attention, cfg.model.net.ray_attention) == expected
+    # The two models differ in their attention only.
+    other = compose_config(f"model={'gnt' if model == 'pola_gnt' else 'pola_gnt'}", f"experiment={experiment}")
+    differing = {k for k in cfg.model.net if cfg.model.net[k] != other.model.net[k]}
+    assert differing <= {"view_attention", "ray_attention", "ray_lepe"}
+
+
+@pytest.mark.parametrize("model", ["pola_gnt", "gnt"])
+def test_one_step_run_per_model(model, tmp_path):
+    cfg = compose_config(f"model={model}", *TINY_OVERRIDES, "+trainer.fast_dev_run=1")
+    document = train(cfg, tmp_path)
+    assert document["model"] == model and len(document["per_image"]) == 1  # fast_dev_run: one test batch
+    assert all(isinstance(document["mean"][k], float) for k in ("psnr", "ssim"))
+    assert (tmp_path / "metrics.json").is_file() and (tmp_path / "metrics.csv").is_file()
+
+
+@pytest.mark.parametrize("model", ["pola_gnt", "gnt"])
+def test_overfit_one_batch(model):
+    """The loss falls and PSNR rises far above the untrained model's on a fixed batch."""
+    torch.manual_seed(0)
+    cfg = compose_config(f"model={model}", *TINY_OVERRIDES, "data.rays_per_step=256")
+    scene = load_scene(cfg.scene, cfg.data)
+    batch = TrainSteps(scene, cfg.data, cfg.render.n_samples, n_steps=1, seed=0, rank=0)[0]
+    system = GNTSystem(OmegaConf.to_container(cfg, resolve=True))
+    optimizer = system.configure_optimizers()["optimizer"]
+    losses = []
+    for _ in range(120):
+        output = system.net(Rays(batch["origins"], batch["directions"]), batch["depths"], system._sources(batch))
+        loss = F.mse_loss(output.rgb, batch["rgb"])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    start, end = mse_to_psnr(torch.tensor(losses[0])), mse_to_psnr(torch.tensor(min(losses[-10:])))
+    assert end > start + 8.0, (start, end)
+
+
+def test_ranks_and_steps_draw_different_rays():
+    cfg = compose_config(*TINY_OVERRIDES)
+    scene = load_scene(cfg.scene, cfg.data)
+    steps = {rank: TrainSteps(scene, cfg.data, cfg.render.n_samples, 10, seed=0, rank=rank) for rank in (0, 1)}
+    assert not torch.equal(steps[0][3]["origins"] + steps[0][3]["directions"], steps[1][3]["origins"] + steps[1][3]["directions"])
+    assert not torch.equal(steps[0][3]["rgb"], steps[0][4]["rgb"])
+    assert torch.equal(steps[0][3]["depths"], steps[0][3]["depths"])  # a step's batch is reproducible
+    assert torch.equal(steps[1][5]["rgb"], TrainSteps(scene, cfg.data, cfg.render.n_samples, 10, seed=0, rank=1)[5]["rgb"])
+
+
+def _metrics(run_dir) -> dict:
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def test_resume_matches_uninterrupted_run(tmp_path):
+    common = ["model=pola_gnt", *TINY_OVERRIDES, "trainer.val_check_interval=3", "seed=3"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    result = run_module("train", *common, "trainer.max_steps=6", f"hydra.run.dir={straight}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    result = run_module("train", *common, "trainer.max_steps=3", f"hydra.run.dir={resumed}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert _metrics(resumed)["global_step"] == 3
+    result = run_module("train", *common, "trainer.max_steps=6", "ckpt_path=last", f"hydra.run.dir={resumed}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    first, second = _metrics(straight), _metrics(resumed)
+    assert second["global_step"] == first["global_step"] == 6
+    assert second["mean"] == first["mean"] and second["per_image"] == first["per_image"]
+    assert (resumed / "checkpoints" / "last.ckpt").is_file()
+
+
+def _assert_one_error_line(result, *fragments: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("model.net.view_attention=dot", "model.net.view_attention"),
+        ("metrics.protocol=nerf", "metrics.protocol"),
+        ("data.rays_per_step=0", "data.rays_per_step"),
+        ("render.n_samples=1", "render.n_samples"),
+    ],
+)
+def test_unknown_config_value_is_one_error_line(override, fragment, tmp_path):
+    _assert_one_error_line(run_module("train", override, f"hydra.run.dir={tmp_path}"), fragment)
+
+
+def test_resume_without_checkpoint_and_from_other_model(tmp_path, tiny_runs):
+    _assert_one_error_line(run_module("train", "ckpt_path=last", f"hydra.run.dir={tmp_path}"), "last.ckpt")
+    gnt_checkpoint = tiny_runs["gnt"] / "checkpoints" / "last.ckpt"
+    result = run_module("train", "model=pola_gnt", *TINY_OVERRIDES, f"ckpt_path={gnt_checkpoint}",
+                        f"hydra.run.dir={tmp_path}")
+    _assert_one_error_line(result, "gnt")
+    corrupt = tmp_path / "corrupt.ckpt"
+    corrupt.write_bytes(b"\x00" * 100)
+    _assert_one_error_line(run_module("train", f"ckpt_path={corrupt}", f"hydra.run.dir={tmp_path}"), "corrupt.ckpt")
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes(tmp_path):
+    """Lightning's DDP (gloo) with 2 processes on the CPU trains a few steps and tests."""
+    result = run_module(
+        "train", *TINY_OVERRIDES, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+        "trainer.precision=32-true", "trainer.max_steps=4", "trainer.val_check_interval=2",
+        f"hydra.run.dir={tmp_path}", timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = _metrics(tmp_path)
+    assert document["global_step"] == 4 and len(document["per_image"]) == 3
