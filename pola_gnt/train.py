@@ -6,6 +6,7 @@ Fits the model with Lightning, then renders every held-out view and writes `metr
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -22,24 +23,42 @@ from pola_gnt.data.scenes import load_scene
 from pola_gnt.model.lightning import GNTSystem
 
 
-class CheckpointOnInterrupt(Callback):
-    """Save `last.ckpt` when training stops on an exception (Ctrl-C, SIGTERM), so `ckpt_path=last`
-    resumes from the last finished step rather than the last validation."""
+class LastCheckpoint(Callback):
+    """Keep `last.ckpt` current: after every validation, at the end of training, and when training
+    stops on an exception (Ctrl-C, SIGTERM), so `ckpt_path=last` resumes from the latest step.
+    Written to a temporary file and renamed, so an interruption never leaves half a checkpoint."""
 
     def __init__(self, path: Path):
         self.path = path
+        self.saved_step = -1
+
+    def save(self, trainer: pl.Trainer) -> None:
+        if trainer.global_step == self.saved_step or trainer.global_step == 0 or trainer.sanity_checking:
+            return
+        temporary = self.path.with_name(f".{self.path.name}.tmp")
+        trainer.save_checkpoint(temporary)  # collective: every rank calls it, rank 0 writes
+        if trainer.is_global_zero:
+            os.replace(temporary, self.path)
+        self.saved_step = trainer.global_step
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.state.fn == "fit":
+            self.save(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.save(trainer)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        if trainer.state.fn == "fit" and trainer.global_step > 0:
-            trainer.save_checkpoint(self.path)
+        if trainer.state.fn == "fit":
+            self.save(trainer)
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path) -> pl.Trainer:
     checkpoint_dir = run_dir / CHECKPOINT_DIR
     callbacks = [
         ModelCheckpoint(dirpath=checkpoint_dir, filename="best-step{step}-psnr{val/psnr:.2f}", monitor="val/psnr",
-                        mode="max", save_top_k=1, save_last=True, auto_insert_metric_name=False),
-        CheckpointOnInterrupt(checkpoint_dir / "last.ckpt"),
+                        mode="max", save_top_k=1, save_last=False, auto_insert_metric_name=False),
+        LastCheckpoint(checkpoint_dir / "last.ckpt"),
         LearningRateMonitor(logging_interval="step"),
     ]
     loggers = [TensorBoardLogger(run_dir, name="tensorboard", version=""), CSVLogger(run_dir, name="csv", version="")]

@@ -22,9 +22,11 @@ Method:
   reset through /proc/self/clear_refs) minus the resident size at the baseline; for that one pass
   glibc's mmap threshold is fixed at 64 KB, so every freed buffer goes back to the OS at once and the
   peak RSS is the peak of live memory rather than of the allocator's cache.
-- Times: median over up to `--repeats` runs after one warm-up at a small size, of the forward alone
-  (under torch.no_grad, i.e. inference) and of forward+backward; a row stops repeating once it has
-  used `--repeat-seconds` (the 64K softmax rows take minutes per run on a small CPU).
+- Times: median over up to `--repeats` runs of the forward alone (under torch.no_grad, i.e.
+  inference) and of forward+backward. Warm-up: one run at 256 tokens, then the memory pass at full
+  size, which counts as a timed run only when it alone took longer than `--repeat-seconds`; a row
+  stops repeating once it has used `--repeat-seconds` (the 64K softmax rows take minutes per run on
+  a small CPU). Impls of one length run back to back, so their ratios share the machine's load.
 """
 
 from __future__ import annotations

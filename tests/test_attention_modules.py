@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pola_gnt.attention import RAY_ATTENTION_KINDS, VIEW_ATTENTION_KINDS, build_ray_attention, build_view_attention
+from pola_gnt.attention.functional import resolve_form
 
 DIM, HEADS, POINTS, VIEWS, RAYS, SAMPLES = 32, 4, 6, 5, 3, 12
 
@@ -100,12 +101,15 @@ def test_ray_attention_shapes_gradients_and_all_masked_rays():
             assert param.grad is not None and torch.isfinite(param.grad).all(), (name, param_name)
 
 
+@pytest.mark.parametrize("samples", [SAMPLES, 48])
 @pytest.mark.parametrize("kind", ["pola-no-lepe", "softmax"])
-def test_masking_a_sample_equals_removing_it(kind):
+def test_masking_a_sample_equals_removing_it(kind, samples):
+    # 12 samples of head dim 8 take the quadratic form of pola, 48 the linear one.
+    assert resolve_form("auto", samples, samples, DIM // HEADS) == ("quadratic" if samples == SAMPLES else "linear")
     module = dict(_ray_modules())[kind].double()
-    tokens = torch.randn(1, SAMPLES, DIM, dtype=torch.float64)
-    mask = torch.ones(1, SAMPLES, dtype=torch.bool)
-    mask[0, [2, 7]] = False
+    tokens = torch.randn(1, samples, DIM, dtype=torch.float64)
+    mask = torch.ones(1, samples, dtype=torch.bool)
+    mask[0, [2, 7, samples - 1]] = False
     out = module(tokens, mask)
     kept = mask[0].nonzero().squeeze(-1)
     removed = module(tokens[:, kept], None)

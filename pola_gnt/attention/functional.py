@@ -46,7 +46,7 @@ EXPONENT_CLAMP = 20.0
 # needs little more than the output and the three input gradients (the memory of SDPA). Chunks hold
 # at least _MIN_CHUNK_ELEMENTS (below PyTorch's parallel grain size, ops run on one thread and per-op
 # overhead would dominate) and at most _MAX_CHUNK_ELEMENTS feature elements ([..., chunk, 2d]).
-_CHUNKS_PER_SEQUENCE = 16
+_CHUNKS_PER_SEQUENCE = 8
 _MIN_CHUNK_ELEMENTS = 2**15
 _MAX_CHUNK_ELEMENTS = 2**21
 
@@ -151,9 +151,16 @@ def _gather_by_sign(grad: Tensor, positive: Tensor) -> Tensor:
     return torch.where(positive, grad[..., :d], grad[..., d:])
 
 
-def _exponent_slope(features: Tensor, exponent: Tensor) -> Tensor:
-    """d/dz of `expm1(min(z, B))`: `exp(z) = features + 1` below the clamp, 0 above. Overwrites `features`."""
-    return features.add_(1.0).masked_fill_(exponent > EXPONENT_CLAMP, 0.0)
+def _spiky_inplace(exponent: Tensor, for_backward: bool) -> tuple[Tensor, Tensor | None]:
+    """`expm1(min(z, B))` written over `z`; with `for_backward`, also where the clamp is active."""
+    clamped = exponent > EXPONENT_CLAMP if for_backward else None
+    return exponent.clamp_max_(EXPONENT_CLAMP).expm1_(), clamped
+
+
+def _exponent_backward(grad_features: Tensor, features: Tensor, clamped: Tensor) -> Tensor:
+    """Gradient w.r.t. `z` of `features = expm1(min(z, B))`: times `exp(z) = features + 1` below the
+    clamp, 0 above it. Overwrites `grad_features`."""
+    return grad_features.addcmul_(grad_features, features).masked_fill_(clamped, 0.0)
 
 
 def _stream_temperatures(temp_same: Tensor, temp_opp: Tensor) -> tuple[Tensor, Tensor]:
@@ -177,24 +184,25 @@ def _temperature_grads(grad_pos: Tensor, grad_neg: Tensor) -> tuple[Tensor, Tens
     return grad_same, grad_opp
 
 
-def _query_features(x: Tensor, temp_pos: Tensor, temp_neg: Tensor):
-    """Both streams' query features `[..., 2, n, 2d]` of `x` `[..., n, d]`, and what backward reuses."""
-    positive = (x > 0).unsqueeze(-3)  # [..., 1, n, d]
+def _query_features(x: Tensor, temp_pos: Tensor, temp_neg: Tensor, for_backward: bool = False):
+    """Both streams' query features `[..., 2, n, 2d]` of `x` `[..., n, d]`, and what backward reuses:
+    sign mask `[..., 1, n, d]`, `|x|`, per-element temperatures, clamp mask, half-width features
+    (`[..., 2, n, d]` each)."""
+    positive = (x > 0).unsqueeze(-3)
     magnitude = x.abs().unsqueeze(-3)
-    temps = torch.where(positive, temp_pos, temp_neg)  # [..., 2, n, d]
-    exponent = temps * magnitude
-    features = torch.expm1(exponent.clamp_max(EXPONENT_CLAMP))
-    return _scatter_by_sign(features, positive), (positive, magnitude, temps, exponent, features)
+    temps = torch.where(positive, temp_pos, temp_neg)
+    half_features, clamped = _spiky_inplace(temps * magnitude, for_backward)
+    return _scatter_by_sign(half_features, positive), (positive, magnitude, temps, clamped, half_features)
 
 
-def _key_features(x: Tensor, visible: Tensor | None):
-    """Key features `[..., n, 2d]` (zero for masked keys) of `x` `[..., n, d]`, and what backward reuses."""
+def _key_features(x: Tensor, visible: Tensor | None, for_backward: bool = False):
+    """Key features `[..., n, 2d]` (zero for masked keys) of `x` `[..., n, d]`, and what backward reuses:
+    sign mask, clamp mask and (masked) half-width features, `[..., n, d]` each."""
     positive = x > 0
-    exponent = x.abs()
-    features = torch.expm1(exponent.clamp_max(EXPONENT_CLAMP))
+    half_features, clamped = _spiky_inplace(x.abs(), for_backward)
     if visible is not None:
-        features = features * visible
-    return _scatter_by_sign(features, positive), (positive, exponent, features)
+        half_features = half_features.mul_(visible)
+    return _scatter_by_sign(half_features, positive), (positive, clamped, half_features)
 
 
 def _stream_stats(key_stats: Tensor) -> Tensor:
@@ -267,20 +275,30 @@ class _PolarityLinearAttention(torch.autograd.Function):
             grad_temp_neg = torch.zeros_like(grad_temp_pos)
 
             # Pass 1 (queries): out = num / den, so d num = g / den and d den = -(g . out) / den.
+            # Chunk temporaries are dropped (del) as soon as they are used: they set the peak memory.
             for chunk in _chunks(q.shape[-2], _chunk_tokens(q)):
                 x = q[..., chunk, :]
-                features, (positive, magnitude, temps, exponent, half_features) = _query_features(x, temp_pos, temp_neg)
+                features, saved = _query_features(x, temp_pos, temp_neg, for_backward=True)
+                positive, magnitude, temps, clamped, half_features = saved
                 result, denominators = _normalise(features @ stats)  # [..., 2, n, d/2], [..., 2, n, 1]
                 grad_result = grad_out[..., chunk, :].unflatten(-1, (2, d // 2)).transpose(-3, -2)
                 grad_den = -(grad_result * result).sum(dim=-1, keepdim=True)
+                del result
                 grad_nd = torch.cat([grad_result, grad_den], dim=-1).div_(denominators)  # [..., 2, n, d/2 + 1]
                 grad_stats += features.transpose(-1, -2) @ grad_nd
+                del features
                 grad_half = _gather_by_sign(grad_nd @ stats.transpose(-1, -2), positive)  # [..., 2, n, d]
-                grad_exponent = grad_half.mul_(_exponent_slope(half_features, exponent))
+                del grad_nd
+                grad_exponent = _exponent_backward(grad_half, half_features, clamped)
+                del half_features, clamped
                 grad_q[..., chunk, :] = (grad_exponent * temps).sum(dim=-3).mul_(torch.sign(x))
-                grad_temps = grad_exponent.mul_(magnitude)
-                grad_temp_pos += grad_temps.masked_fill(~positive, 0.0).sum(dim=-2, keepdim=True)
-                grad_temp_neg += grad_temps.masked_fill_(positive, 0.0).sum(dim=-2, keepdim=True)
+                del temps
+                # d/dT+ = sum_n grad_exponent * x+ and d/dT- = sum_n grad_exponent * x-: the diagonals of
+                # the two halves of one [d, 2d] product per stream (one matmul instead of four passes).
+                split = _scatter_by_sign(magnitude, positive)  # [..., 1, n, 2d] = [x+, x-]
+                products = grad_exponent.transpose(-1, -2) @ split  # [..., 2, d, 2d]
+                grad_temp_pos += products[..., :d].diagonal(dim1=-2, dim2=-1).unsqueeze(-2)
+                grad_temp_neg += products[..., d:].diagonal(dim1=-2, dim2=-1).unsqueeze(-2)
 
             # Pass 2 (keys): key_stats = [K^T v, sum K].
             grad_key_stats = _stream_stats_backward(grad_stats)  # [..., 2d, d + 1]
@@ -290,14 +308,15 @@ class _PolarityLinearAttention(torch.autograd.Function):
             for chunk in _chunks(k.shape[-2], _chunk_tokens(k)):
                 x = k[..., chunk, :]
                 visible = None if key_mask is None else key_mask[..., chunk, None].to(k.dtype)
-                keys, (positive, exponent, half_features) = _key_features(x, visible)
+                keys, (positive, clamped, half_features) = _key_features(x, visible, for_backward=True)
                 grad_v[..., chunk, :] = keys @ grad_kv
+                del keys
                 grad_keys = v[..., chunk, :] @ grad_kv.transpose(-1, -2) + grad_k_sum  # [..., n, 2d]
                 grad_half = _gather_by_sign(grad_keys, positive)
+                del grad_keys
                 if visible is not None:  # masked keys: zero gradient (their slope below is then moot)
-                    grad_half = grad_half * visible
-                grad_half.mul_(_exponent_slope(half_features, exponent))
-                grad_k[..., chunk, :] = grad_half.mul_(torch.sign(x))
+                    grad_half = grad_half.mul_(visible)
+                grad_k[..., chunk, :] = _exponent_backward(grad_half, half_features, clamped).mul_(torch.sign(x))
 
             grad_temp_same, grad_temp_opp = _temperature_grads(grad_temp_pos, grad_temp_neg)
         return (

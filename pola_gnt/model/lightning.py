@@ -35,6 +35,7 @@ class GNTSystem(pl.LightningModule):
         self.test_document: dict | None = None
         self.scene: Scene | None = None  # set by the data module's scene at test time
         self.output_dir: Path | None = None
+        self.checkpoint_step = 0  # global step of the loaded checkpoint (trainer.test does not restore it)
 
     # ---- training --------------------------------------------------------------------------
 
@@ -68,6 +69,9 @@ class GNTSystem(pl.LightningModule):
         )
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=optim.decay_steps, gamma=optim.decay_rate)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.checkpoint_step = int(checkpoint.get("global_step", 0))
 
     # ---- testing: render every held-out view, score it, write the results --------------------
 
@@ -107,7 +111,7 @@ class GNTSystem(pl.LightningModule):
             "metric_settings": self.scorer.metrics.settings,
             "n_samples": self.cfg.render.n_samples,
             "num_source_views": self.cfg.data.num_source_views,
-            "global_step": int(self.global_step),
+            "global_step": max(int(self.global_step), self.checkpoint_step),
         }
         self.test_document = write_results(
             self.output_dir, header, results, self.scene.depth_range, self.cfg.output.save_images

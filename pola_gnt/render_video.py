@@ -1,0 +1,234 @@
+"""`python -m pola_gnt.render_video scene=NAME ckpt_path=PATH [video.frames=120] [video.fps=30]
+[video.path=spiral|interpolate]`
+
+Renders a fly-through of a trained checkpoint and writes `video_rgb.mp4` and `video_depth.mp4`
+(H.264, yuv420p) into the run folder (`hydra.run.dir`). Each frame is rendered from its
+`data.num_source_views` nearest training cameras, at the scene's resolution. The model and render
+settings come from the checkpoint exactly as for `pola_gnt.eval`; the `video` section and the
+`trainer` section (accelerator, precision) from the command line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import imageio_ffmpeg
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from lightning_fabric import Fabric
+from omegaconf import DictConfig
+from torch import Tensor
+from tqdm import tqdm
+
+from pola_gnt.config import entry_point
+from pola_gnt.data.llff import Scene
+from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.source_views import nearest_views
+from pola_gnt.errors import UserError
+from pola_gnt.eval import load_trained_checkpoint, task_overrides
+from pola_gnt.evaluation import colorize_depth, to_uint8
+from pola_gnt.model.gnt import GNT, SourceViews
+from pola_gnt.render.camera_paths import PATH_KINDS, interpolate_path, spiral_path
+from pola_gnt.render.renderer import RenderedImage, render_image
+
+RGB_VIDEO = "video_rgb.mp4"
+DEPTH_VIDEO = "video_depth.mp4"
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    path: str
+    frames: int
+    fps: float
+    rotations: float
+    z_rate: float
+    radius_scale: float
+    closed: bool
+    crf: int
+
+    @classmethod
+    def from_config(cls, video: DictConfig) -> "VideoSettings":
+        """Check the `video` config section; a bad value is a UserError naming its key."""
+
+        def number(key: str, positive: bool = False) -> float:
+            value = video.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) \
+                    or (positive and value <= 0):
+                raise UserError(f"video.{key}: must be a {'positive ' if positive else ''}number, got {value!r}")
+            return float(value)
+
+        if video.get("path") not in PATH_KINDS:
+            raise UserError(f"video.path: unknown value {video.get('path')!r}; expected one of {', '.join(PATH_KINDS)}")
+        frames = video.get("frames")
+        if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
+            raise UserError(f"video.frames: must be a positive integer, got {frames!r}")
+        crf = video.get("crf")
+        if isinstance(crf, bool) or not isinstance(crf, int) or not 0 <= crf <= 51:
+            raise UserError(f"video.crf: must be an integer from 0 (lossless) to 51, got {crf!r}")
+        if not isinstance(video.get("closed"), bool):
+            raise UserError(f"video.closed: must be true or false, got {video.get('closed')!r}")
+        return cls(path=video.path, frames=frames, fps=number("fps", positive=True), rotations=number("rotations"),
+                   z_rate=number("z_rate"), radius_scale=number("radius_scale", positive=True),
+                   closed=video.closed, crf=crf)
+
+
+def scene_camera_path(scene: Scene, settings: VideoSettings) -> Tensor:
+    """The video's cameras c2w `[frames, 4, 4]` (OpenCV) for the scene."""
+    if settings.path == "spiral":
+        return spiral_path(scene.cameras.c2w, scene.bounds, settings.frames, settings.rotations,
+                           settings.z_rate, settings.radius_scale)
+    if len(scene.train_ids) < 2:
+        raise UserError(f"video.path=interpolate: {scene.name} has {len(scene.train_ids)} training camera(s), needs 2")
+    # Training cameras in capture order (image order), as the photographer moved.
+    return interpolate_path(scene.cameras.c2w[scene.train_ids], settings.frames, settings.closed)
+
+
+class EncodedViews:
+    """Source views with their encoder features, computed once per training view and kept: a fly-through
+    keeps most of its nearest cameras from one frame to the next."""
+
+    def __init__(self, net: GNT, scene: Scene, device: torch.device):
+        self.net, self.scene, self.device = net, scene, device
+        self.images: dict[int, Tensor] = {}  # view -> [3, H, W]
+        self.features: dict[int, Tensor] = {}  # view -> [C, h, w]
+
+    @torch.no_grad()
+    def _encode(self, view: int) -> None:
+        image = self.scene.images[view].permute(2, 0, 1).to(self.device)  # [3, H, W]
+        self.images[view] = image
+        self.features[view] = self.net.encode(image[None])[0].float()
+
+    def __call__(self, views: list[int]) -> SourceViews:
+        for view in views:
+            if view not in self.features:
+                self._encode(view)
+        cameras = self.scene.cameras
+        return SourceViews(
+            images=torch.stack([self.images[v] for v in views]),
+            features=torch.stack([self.features[v] for v in views]),
+            c2w=cameras.c2w[views].to(self.device),
+            intrinsics=cameras.intrinsics[views].to(self.device),
+        )
+
+
+def frame_source_views(scene: Scene, c2w: Tensor, count: int) -> list[int]:
+    """The `count` training cameras nearest to a video camera `c2w` `[4, 4]` (nearest first)."""
+    return nearest_views(c2w[:3, 3], scene.cameras.centers, scene.train_ids, count)
+
+
+def render_frames(net: GNT, scene: Scene, poses: Tensor, num_source_views: int, n_samples: int, chunk_rays: int,
+                  fabric: Fabric) -> Iterator[RenderedImage]:
+    """Render each camera of `poses` `[frames, 4, 4]` at the scene's resolution, colour and depth."""
+    height, width = scene.resolution
+    intrinsics = scene.cameras.intrinsics[0].to(fabric.device)  # every LLFF view shares the intrinsics
+    encoded = EncodedViews(net, scene, fabric.device)
+    for c2w in poses:
+        with fabric.autocast():
+            sources = encoded(frame_source_views(scene, c2w, num_source_views))
+            rendered = render_image(net, c2w.to(fabric.device), intrinsics, height, width, sources,
+                                    scene.depth_range, n_samples, chunk_rays)
+        yield rendered
+
+
+def pad_to_even(frame: np.ndarray) -> np.ndarray:
+    """H.264 in yuv420p needs even sides: repeat the last row / column where one is odd."""
+    height, width = frame.shape[:2]
+    return np.pad(frame, ((0, height % 2), (0, width % 2), (0, 0)), mode="edge")
+
+
+class Mp4Writer:
+    """Frames -> an H.264 / yuv420p mp4, written under a hidden temporary name and renamed by
+    `finish`, so an interrupted render never leaves a broken file under the final name."""
+
+    def __init__(self, path: Path, fps: float, crf: int):
+        self.path = path
+        self.temporary = path.with_name(f".{path.stem}.partial{path.suffix}")
+        self.fps, self.crf = fps, crf
+        self.encoder = None  # imageio-ffmpeg's frame generator, started by the first frame (its size)
+
+    def append(self, frame: np.ndarray) -> None:
+        """Add one uint8 RGB frame `[H, W, 3]`."""
+        frame = np.ascontiguousarray(pad_to_even(frame))
+        if self.encoder is None:
+            height, width = frame.shape[:2]
+            self.encoder = imageio_ffmpeg.write_frames(
+                str(self.temporary), (width, height), fps=self.fps, codec="libx264", pix_fmt_out="yuv420p",
+                quality=None, macro_block_size=2,  # sides are even already: never rescale
+                output_params=["-crf", str(self.crf), "-movflags", "+faststart"], ffmpeg_log_level="error",
+            )
+            self.encoder.send(None)
+        self.encoder.send(frame)
+
+    def _close(self) -> None:
+        if self.encoder is not None:
+            self.encoder.close()
+            self.encoder = None
+
+    def finish(self) -> None:
+        self._close()
+        os.replace(self.temporary, self.path)
+
+    def discard(self) -> None:
+        with contextlib.suppress(Exception):
+            self._close()
+        self.temporary.unlink(missing_ok=True)
+
+
+def write_videos(frames: Iterable[RenderedImage], out_dir: Path, fps: float, crf: int,
+                 depth_range: tuple[float, float]) -> tuple[Path, Path]:
+    """Encode rendered frames into `video_rgb.mp4` and `video_depth.mp4` (depth colour-mapped with
+    `depth_range` = (near, far)); both appear only once every frame is written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rgb_video, depth_video = Mp4Writer(out_dir / RGB_VIDEO, fps, crf), Mp4Writer(out_dir / DEPTH_VIDEO, fps, crf)
+    try:
+        for frame in frames:
+            rgb_video.append(to_uint8(frame.rgb.float().cpu()))
+            depth_video.append(colorize_depth(frame.depth.float().cpu(), *depth_range))
+        if rgb_video.encoder is None:
+            raise ValueError("write_videos: no frames")
+    except BaseException:
+        rgb_video.discard()
+        depth_video.discard()
+        raise
+    rgb_video.finish()
+    depth_video.finish()
+    return rgb_video.path, depth_video.path
+
+
+def render_video(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> tuple[Path, Path]:
+    """Render the configured fly-through of the checkpoint `cfg.ckpt_path`; return the two mp4 paths.
+    `overrides`: the command line's keys, applied to the checkpoint's config as in `pola_gnt.eval`."""
+    settings = VideoSettings.from_config(cfg.video)
+    trained = load_trained_checkpoint(cfg, run_dir, overrides)
+    config = trained.config
+    scene = load_scene(config.scene, config.data)
+    poses = scene_camera_path(scene, settings)
+    # Accelerator and precision as the Trainer would use them (the command line's trainer section).
+    fabric = Fabric(accelerator=config.trainer.accelerator, devices=1, precision=config.trainer.precision)
+    net = trained.system.net.to(fabric.device).eval()
+    height, width = scene.resolution
+    print(f"checkpoint  {trained.path} ({config.model.name}, step {trained.system.checkpoint_step})", flush=True)
+    print(f"video       {settings.path} path, {settings.frames} frames at {width}x{height}, {settings.fps:g} fps, "
+          f"{config.data.num_source_views} source views, {config.render.n_samples} samples per ray", flush=True)
+    frames = render_frames(net, scene, poses, config.data.num_source_views, config.render.n_samples,
+                           config.render.chunk_rays, fabric)
+    progress = tqdm(frames, total=len(poses), desc="rendering", unit="frame", dynamic_ncols=True)
+    # Depth colours span the scene's near/far bounds (normalised), near bright.
+    depth_range = float(scene.bounds.min()), float(scene.bounds.max())
+    paths = write_videos(progress, run_dir, settings.fps, settings.crf, depth_range)
+    print(f"wrote {paths[0]} and {paths[1].name}", flush=True)
+    return paths
+
+
+@entry_point
+def main(cfg: DictConfig) -> None:
+    render_video(cfg, Path(HydraConfig.get().runtime.output_dir), task_overrides())
+
+
+if __name__ == "__main__":
+    main()

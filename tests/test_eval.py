@@ -1,0 +1,150 @@
+"""`pola_gnt.eval`: reproduces a training run's metrics from its checkpoint, the GNT protocol, the
+checkpoint config + command-line keys, and bad checkpoints as one `error:` line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import imageio.v3 as iio
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from pola_gnt.checkpoints import checkpoint_config, run_config_with_overrides
+from pola_gnt.config import CONFIG_DIR
+from pola_gnt.errors import UserError
+from pola_gnt.eval import evaluate, load_trained_checkpoint
+
+from conftest import TINY_OVERRIDES, run_module
+
+METRICS = ("psnr", "ssim", "lpips")
+
+
+def compose_config(*overrides: str):
+    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def last_checkpoint(run_dir: Path) -> Path:
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+def assert_one_error_line(result, fragment: str) -> None:
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr[-2000:]
+    assert fragment in lines[0]
+
+
+@pytest.mark.parametrize(
+    "model, overrides",
+    [
+        ("pola_gnt", ["model=pola_gnt", *TINY_OVERRIDES]),  # the training command's keys, all equal to the checkpoint's
+        ("gnt", []),  # nothing but the checkpoint: its stored config decides everything
+    ],
+)
+def test_eval_reproduces_the_training_metrics(tiny_runs, tmp_path, model, overrides):
+    run_dir = tiny_runs[model]
+    trained = json.loads((run_dir / "metrics.json").read_text())
+    checkpoint = last_checkpoint(run_dir)
+    saved_step = torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"]
+    assert saved_step == trained["global_step"], (
+        f"{checkpoint} holds step {saved_step} but the run tested step {trained['global_step']}: "
+        "training must save last.ckpt with its final weights"
+    )
+    result = run_module("eval", *overrides, f"ckpt_path={checkpoint}", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    evaluated = json.loads((tmp_path / "metrics.json").read_text())
+    for key in ("scene", "model", "protocol", "lpips_net", "resolution", "global_step", "metric_settings"):
+        assert evaluated[key] == trained[key], key
+    assert evaluated["mean"] == trained["mean"]
+    assert evaluated["baseline"] == trained["baseline"]
+    assert evaluated["per_image"] == trained["per_image"]
+    assert (tmp_path / "metrics.csv").read_text() == (run_dir / "metrics.csv").read_text()
+    assert "baseline (nearest view)" in result.stdout  # the table is printed
+    for kind in ("pred", "gt", "error", "depth"):
+        assert (tmp_path / "test_views" / f"image000_{kind}.png").is_file()
+
+
+def test_gnt_protocol_is_labelled_and_scores_every_second_pixel(tiny_runs, tmp_path):
+    checkpoint = last_checkpoint(tiny_runs["pola_gnt"])
+    overrides = ["metrics.protocol=gnt", f"ckpt_path={checkpoint}"]
+    document = evaluate(compose_config(*overrides), tmp_path, overrides)
+    stored = checkpoint_config(checkpoint)
+    assert document["protocol"] == "gnt"
+    assert document["lpips_net"] == "vgg"  # GNT's network when lpips_net is not given
+    assert document["metric_settings"]["ssim_padding"] == "same"
+    assert "GNT" in document["metric_settings"]["lpips_input_range"]
+    assert document["resolution"] == [47, 63]  # the 94 x 126 test images, every 2nd pixel
+    assert len(document["per_image"]) == 3 and document["n_samples"] == stored.render.n_samples
+    assert iio.imread(tmp_path / "test_views" / "image000_pred.png").shape == (47, 63, 3)
+    assert json.loads((tmp_path / "metrics.json").read_text())["protocol"] == "gnt"
+
+
+def test_explicit_lpips_net_wins_over_the_gnt_protocol_default(tiny_runs, tmp_path):
+    checkpoint = last_checkpoint(tiny_runs["pola_gnt"])
+    overrides = ["metrics.protocol=gnt", "metrics.lpips_net=alex", f"ckpt_path={checkpoint}"]
+    trained = load_trained_checkpoint(compose_config(*overrides), tmp_path, overrides)
+    assert (trained.config.metrics.protocol, trained.config.metrics.lpips_net) == ("gnt", "alex")
+
+
+def _run_config(checkpoint: Path, *overrides: str):
+    """The config `eval` would use for `checkpoint` with these command-line overrides."""
+    overrides = [*overrides, f"ckpt_path={checkpoint}"]
+    return run_config_with_overrides(checkpoint, checkpoint_config(checkpoint), compose_config(*overrides),
+                                     overrides, Path(CONFIG_DIR))
+
+
+def test_run_config_is_the_checkpoints_plus_explicit_keys(tiny_runs):
+    checkpoint = last_checkpoint(tiny_runs["pola_gnt"])
+    stored = checkpoint_config(checkpoint)
+    plain = _run_config(checkpoint)
+    for section in ("data", "render", "metrics", "model", "scene", "optim"):
+        assert plain[section] == stored[section], section
+    # The trainer is the command line's (accelerator of this machine), never the checkpoint's.
+    assert plain.trainer.max_steps == compose_config().trainer.max_steps != stored.trainer.max_steps
+    changed = _run_config(checkpoint, "data.factor=16", "render.chunk_rays=123", "metrics.quantize_8bit=false",
+                          "scene=fern", "trainer.precision=bf16-mixed")
+    assert (changed.data.factor, changed.render.chunk_rays, changed.metrics.quantize_8bit) == (16, 123, False)
+    assert changed.scene.name == "fern" and changed.trainer.precision == "bf16-mixed"
+    assert changed.data.num_source_views == stored.data.num_source_views  # not given: the checkpoint's
+    assert changed.render.n_samples == stored.render.n_samples
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (["model=gnt"], "'pola_gnt'"),
+        (["model.net.width=32"], "model.net.width=16 (asked 32)"),
+        (["experiment=quick"], "model.net.width"),  # the quick preset's network is not the tiny one
+    ],
+)
+def test_run_config_refuses_another_network(tiny_runs, overrides, fragment):
+    checkpoint = last_checkpoint(tiny_runs["pola_gnt"])
+    with pytest.raises(UserError, match=str(checkpoint)) as error:
+        _run_config(checkpoint, *overrides)
+    assert fragment in str(error.value)
+
+
+def test_bad_checkpoints_are_one_error_line(tiny_runs, tmp_path):
+    pola_checkpoint = last_checkpoint(tiny_runs["pola_gnt"])
+    result = run_module("eval", "model=gnt", f"ckpt_path={pola_checkpoint}", f"hydra.run.dir={tmp_path / 'other'}")
+    assert_one_error_line(result, str(pola_checkpoint))
+    assert "pola_gnt" in result.stderr and "gnt" in result.stderr
+    corrupt = tmp_path / "corrupt.ckpt"
+    corrupt.write_bytes(b"PK\x03\x04 not a checkpoint" * 10)
+    assert_one_error_line(run_module("eval", f"ckpt_path={corrupt}", f"hydra.run.dir={tmp_path / 'corrupt'}"),
+                          str(corrupt))
+    assert not (tmp_path / "other" / "metrics.json").exists()
+
+
+def test_eval_needs_a_checkpoint(tmp_path):
+    with pytest.raises(UserError, match="ckpt_path: required"):
+        evaluate(compose_config(), tmp_path, [])
+    with pytest.raises(UserError, match="ckpt_path=last"):  # `last` means a run folder's checkpoint
+        evaluate(compose_config("ckpt_path=last"), tmp_path, ["ckpt_path=last"])
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {"lr": 0.1}}, foreign)
+    with pytest.raises(UserError, match="not a Pola-GNT checkpoint"):
+        evaluate(compose_config(f"ckpt_path={foreign}"), tmp_path, [f"ckpt_path={foreign}"])
