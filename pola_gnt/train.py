@@ -36,7 +36,7 @@ class LastCheckpoint(Callback):
         if trainer.global_step == self.saved_step or trainer.global_step == 0 or trainer.sanity_checking:
             return
         temporary = self.path.with_name(f".{self.path.name}.tmp")
-        trainer.save_checkpoint(temporary)  # collective: every rank calls it, rank 0 writes
+        trainer.save_checkpoint(temporary, weights_only=False)  # collective: all ranks call it, rank 0 writes
         if trainer.is_global_zero:
             os.replace(temporary, self.path)
         self.saved_step = trainer.global_step

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Every GPU check and benchmark in one go (CUDA machine): the GPU tests, the attention and render
+# benchmarks, and a short bf16 training of both models on the demo scene. Results go to $1.
+#   bash scripts/gpu_checks.sh OUT_DIR [PARTS]     PARTS: any of tests,attention,render,train (default: all)
+set -uo pipefail
+out=${1:?usage: gpu_checks.sh OUT_DIR [PARTS]}
+parts=${2:-tests,attention,render,train}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+has() { [[ ",$parts," == *",$1,"* ]]; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu.txt"
+if has tests; then
+  timeout 300 python -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -15 | tee "$out/gpu_tests.txt"
+fi
+if has attention; then
+  timeout 300 python scripts/bench_attention.py --device cuda --out "$out/bench_attention_cuda.json" \
+    --lengths 1024 4096 16384 65536 131072 200000 --dtype bf16 2>&1 | tail -40 | tee "$out/bench_attention_cuda.txt"
+fi
+if has render; then
+  timeout 300 python scripts/bench_render.py --device cuda --rays 1024 --samples 64 192 --bf16 \
+    --out "$out/bench_render_cuda.json" 2>&1 | tail -20 | tee "$out/bench_render_cuda.txt"
+fi
+if has train; then
+  for model in gnt pola_gnt; do
+    /usr/bin/time -f "$model wall %e s" timeout 300 python -m pola_gnt.train model=$model trainer=gpu \
+      trainer.max_steps=${GPU_TRAIN_STEPS:-500} output.save_images=false hydra.run.dir="$out/train_$model" \
+      2>&1 | grep -v "it/s" | tail -12 | tee "$out/train_$model.txt"
+  done
+fi
