@@ -8,23 +8,24 @@ parts=${2:-tests,attention,render,train}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 has() { [[ ",$parts," == *",$1,"* ]]; }
+limit=${PART_TIMEOUT:-300}  # seconds per part
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$out/gpu.txt"
 if has tests; then
-  timeout 300 python -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -15 | tee "$out/gpu_tests.txt"
+  timeout $limit python -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -15 | tee "$out/gpu_tests.txt"
 fi
 if has attention; then
-  timeout 300 python scripts/bench_attention.py --device cuda --out "$out/bench_attention_cuda.json" \
+  timeout $limit python scripts/bench_attention.py --device cuda --out "$out/bench_attention_cuda.json" \
     --lengths 1024 4096 16384 65536 131072 200000 --dtype bf16 2>&1 | tail -40 | tee "$out/bench_attention_cuda.txt"
 fi
 if has render; then
-  timeout 300 python scripts/bench_render.py --device cuda --rays 1024 --samples 64 192 --bf16 \
+  timeout $limit python scripts/bench_render.py --device cuda --rays 1024 --samples 64 192 --bf16 \
     --out "$out/bench_render_cuda.json" 2>&1 | tail -20 | tee "$out/bench_render_cuda.txt"
 fi
 if has train; then
   for model in gnt pola_gnt; do
-    /usr/bin/time -f "$model wall %e s" timeout 300 python -m pola_gnt.train model=$model trainer=gpu \
-      trainer.max_steps=${GPU_TRAIN_STEPS:-500} output.save_images=false hydra.run.dir="$out/train_$model" \
+    /usr/bin/time -f "$model wall %e s" timeout $limit python -m pola_gnt.train model=$model trainer=gpu \
+      trainer.max_steps=${GPU_TRAIN_STEPS:-600} render.chunk_rays=16384 output.save_images=false hydra.run.dir="$out/train_$model" \
       2>&1 | grep -v "it/s" | tail -12 | tee "$out/train_$model.txt"
   done
 fi
