@@ -24,8 +24,10 @@ if has render; then
 fi
 if has train; then
   for model in gnt pola_gnt; do
-    /usr/bin/time -f "$model wall %e s" timeout $limit python -m pola_gnt.train model=$model trainer=gpu \
+    start=$SECONDS
+    timeout $limit python -m pola_gnt.train model=$model trainer=gpu \
       trainer.max_steps=${GPU_TRAIN_STEPS:-600} render.chunk_rays=16384 output.save_images=false hydra.run.dir="$out/train_$model" \
       2>&1 | grep -v "it/s" | tail -12 | tee "$out/train_$model.txt"
+    echo "$model: $((SECONDS - start)) s including start-up and test rendering" | tee -a "$out/train_$model.txt"
   done
 fi
