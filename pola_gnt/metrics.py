@@ -225,27 +225,50 @@ def _torchvision_backbone_state(net: str) -> dict[str, Tensor]:
     return state
 
 
+def env_weights_path(net: str) -> Path | None:
+    """The npz for LPIPS-`net` named by `$POLA_GNT_LPIPS_WEIGHTS`, or None.
+
+    The variable may name a folder holding `<net>_v0.1.npz` files, or one npz file. A file named
+    for the other network (`alex_...` when VGG is asked for) stands for its folder: the sibling
+    `<net>_v0.1.npz` is used if it exists, so one setting serves both networks.
+    """
+    env = os.environ.get(LPIPS_WEIGHTS_ENV, "")
+    if not env:
+        return None
+    path = Path(env).expanduser()
+    if path.is_dir():
+        candidate = path / f"{net}_v0.1.npz"
+        return candidate if candidate.is_file() else None
+    other_nets = [other for other in LPIPS_NETS if other != net]
+    if any(path.name.startswith(other) for other in other_nets):
+        sibling = path.with_name(f"{net}_v0.1.npz")
+        return sibling if sibling.is_file() else None
+    return path
+
+
 def load_lpips(net: str = "alex", weights_path: str | Path | None = None) -> lpips.LPIPS | None:
     """The real LPIPS-`net` v0.1 model (eval mode, CPU), or None when no backbone weights exist.
 
-    Order: `weights_path`, `$POLA_GNT_LPIPS_WEIGHTS`, torchvision's pretrained backbone. A path that
-    is given but missing or invalid is the user's mistake (`UserError`); having no source at all
-    prints one line on stderr and returns None.
+    Order: `weights_path`, `$POLA_GNT_LPIPS_WEIGHTS` (see `env_weights_path`), torchvision's
+    pretrained backbone. A path that is given but missing or invalid is the user's mistake
+    (`UserError`); having no source at all prints one line on stderr and returns None.
     """
     if net not in LPIPS_NETS:
         raise UserError(f"metrics.lpips_net: must be one of {', '.join(LPIPS_NETS)}, got {net!r}")
     if weights_path not in (None, ""):
         return lpips_from_npz(net, weights_path)
-    env_path = os.environ.get(LPIPS_WEIGHTS_ENV, "")
-    if env_path:
+    env_path = env_weights_path(net)
+    if env_path is not None:
         return lpips_from_npz(net, env_path, origin=f"${LPIPS_WEIGHTS_ENV}")
     try:
         state = _torchvision_backbone_state(net)
     except Exception as err:  # offline, no cache, corrupt download: all mean "no weights here"
         reason = " ".join(f"{type(err).__name__}: {err}".split())
+        env_note = f"${LPIPS_WEIGHTS_ENV} has no {net} weights" if os.environ.get(LPIPS_WEIGHTS_ENV) \
+            else f"${LPIPS_WEIGHTS_ENV} unset"
         print(
-            f"LPIPS-{net} unavailable, reported as null: no weights path given, ${LPIPS_WEIGHTS_ENV} "
-            f"unset, and torchvision's {TORCHVISION_BACKBONES[net]} could not be loaded ({reason})",
+            f"LPIPS-{net} unavailable, reported as null: no weights path given, {env_note}, "
+            f"and torchvision's {TORCHVISION_BACKBONES[net]} could not be loaded ({reason})",
             file=sys.stderr,
             flush=True,
         )

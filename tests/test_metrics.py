@@ -226,6 +226,24 @@ def test_weights_lookup_order(tmp_path, monkeypatch):
         load_lpips("alex")  # then the env var, which must exist if set
 
 
+def test_env_var_serves_both_networks(tmp_path, monkeypatch, capsys):
+    """`$POLA_GNT_LPIPS_WEIGHTS` naming the AlexNet file (or a folder) finds the VGG file beside it;
+    without one, VGG is unavailable (one line), never loaded from the AlexNet weights."""
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url",
+                        lambda *a, **k: (_ for _ in ()).throw(urllib.error.URLError("offline (simulated)")))
+    alex = tmp_path / "alex_v0.1.npz"
+    np.savez(alex, **_random_weights("alex"))
+    monkeypatch.setenv(LPIPS_WEIGHTS_ENV, str(alex))
+    assert load_lpips("alex") is not None
+    assert load_lpips("vgg") is None
+    assert capsys.readouterr().err.count("LPIPS-vgg unavailable") == 1
+    vgg = tmp_path / "vgg_v0.1.npz"
+    np.savez(vgg, **_random_weights("vgg"))
+    assert load_lpips("vgg") is not None
+    monkeypatch.setenv(LPIPS_WEIGHTS_ENV, str(tmp_path))  # a folder of npz files
+    assert load_lpips("alex") is not None and load_lpips("vgg") is not None
+
+
 def test_gnt_protocol_uses_zero_padded_ssim_and_unscaled_lpips(lpips_alex_weights, lpips_calibration_dir):
     dist, ref = (image[:, :96, :128] for image in _pair_chw(lpips_calibration_dir, "I04"))
     standard = ImageMetrics(lpips_weights=lpips_alex_weights)
