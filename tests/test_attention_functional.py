@@ -290,3 +290,25 @@ def test_cuda_linear_dispatch_matches_quadratic():
     linear = _run("linear", *args, mask.cuda())
     quadratic = _run("quadratic", *args, mask.cuda())
     torch.testing.assert_close(linear, quadratic, rtol=1e-4, atol=1e-5)
+
+
+def test_quadratic_form_keeps_only_its_inputs_for_backward():
+    """Under autograd the quadratic form recomputes feature maps and weights in backward: what it
+    saves is about the size of q, k, v (without recomputation it would be several times that)."""
+    points, heads, views, d = 512, 4, 6, 16
+    q = torch.randn(points, heads, 1, d, requires_grad=True)
+    k = torch.randn(points, heads, views, d, requires_grad=True)
+    v = torch.randn(points, heads, views, d, requires_grad=True)
+    temp = torch.full((heads, 1, 2 * d), 0.5, requires_grad=True)
+    saved_bytes = []
+
+    def pack(tensor):
+        saved_bytes.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = polarity_attention(q, k, v, temp, temp, form="quadratic")
+    input_bytes = sum(t.numel() * t.element_size() for t in (q, k, v, temp, temp))
+    assert sum(saved_bytes) <= 1.5 * input_bytes, (sum(saved_bytes), input_bytes)
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v, temp))

@@ -12,6 +12,7 @@ Math (see `docs/pola_attention.md` in the shared design notes), per head with he
 
 Two association orders compute the same function:
 - quadratic: `w_ij = Qs_i . K_j`, `out_i = sum_j w_ij v_j / (sum_j w_ij + eps)`, cost O(Nq Nk 2d);
+  under autograd it is checkpointed (features and weights recomputed in backward);
 - linear: `Qs (K^T v)`, cost O((Nq + Nk) 2d d), memory O((Nq + Nk) d) with the custom autograd
   function below, which recomputes the feature maps in backward instead of storing them and walks
   long sequences in chunks so that no `[..., N, 2d]` feature tensor is ever held whole.
@@ -37,6 +38,7 @@ from typing import Literal
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 EPSILON = 1e-6
 EXPONENT_CLAMP = 20.0
@@ -402,6 +404,11 @@ def polarity_attention(
         inputs = [t.to(compute_dtype) for t in (q, k, v, temp_same, temp_opp)]
         if resolved == "linear":
             out = polarity_attention_linear(*inputs, key_mask)
+        elif torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+            # Keep only the inputs for backward and recompute the feature maps and weights there:
+            # stored, they are several times the size of q, k, v (GNT's view attention over
+            # [points, heads, views, 2d] would hold ~2.4x the memory of GNT's own attention).
+            out = checkpoint(polarity_attention_quadratic, *inputs, key_mask, use_reentrant=False)
         else:
             out = polarity_attention_quadratic(*inputs, key_mask)
     return out.to(q.dtype)
