@@ -35,7 +35,6 @@ import argparse
 import ctypes
 import gc
 import json
-import math
 import statistics
 import subprocess
 import sys

@@ -454,7 +454,6 @@ class _PolarityAttentionTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, temps: Tensor, mask: Tensor | None) -> Tensor:
         batch, num_queries, head_dim = q.shape
-        num_keys = k.shape[1]
         cfg = _Config(head_dim, batch, q.dtype, q.device)
         kv, ksum = _key_state(k, v, mask, cfg)
         out = torch.empty_like(q)
