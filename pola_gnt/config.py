@@ -22,14 +22,21 @@ def entry_point(task: Callable[[DictConfig], object]) -> Callable[[], object]:
     )
 
 
-# Allowed values of the config keys that select behaviour; anything else is a user error.
-CHOICES = {
-    "model.net.view_attention": ("pola", "softmax", "subtraction"),
-    "model.net.ray_attention": ("pola", "softmax"),
-    "metrics.protocol": ("standard", "gnt"),
-    "metrics.lpips_net": ("alex", "vgg"),
-    "scene.kind": ("llff", "demo"),
-}
+def config_choices() -> dict[str, tuple[str, ...]]:
+    """Allowed values of the config keys that select behaviour, from the modules that own them."""
+    from pola_gnt.attention.modules import RAY_ATTENTION_KINDS, VIEW_ATTENTION_KINDS
+    from pola_gnt.data.scenes import SCENE_KINDS
+    from pola_gnt.metrics import LPIPS_NETS, PROTOCOLS
+
+    return {
+        "model.net.view_attention": VIEW_ATTENTION_KINDS,
+        "model.net.ray_attention": RAY_ATTENTION_KINDS,
+        "metrics.protocol": PROTOCOLS,
+        "metrics.lpips_net": LPIPS_NETS,
+        "scene.kind": SCENE_KINDS,
+    }
+
+
 POSITIVE_INTS = ("data.factor", "data.num_source_views", "data.rays_per_step", "data.val_rays",
                  "render.n_samples", "render.chunk_rays", "model.net.width", "model.net.n_blocks",
                  "model.net.heads", "optim.decay_steps")
@@ -41,7 +48,7 @@ def validate_config(cfg: DictConfig) -> None:
 
     from pola_gnt.errors import UserError
 
-    for key, allowed in CHOICES.items():
+    for key, allowed in config_choices().items():
         value = OmegaConf.select(cfg, key)
         if value is not None and value not in allowed:
             raise UserError(f"{key}: unknown value {value!r}; expected one of {', '.join(allowed)}")

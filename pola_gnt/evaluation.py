@@ -25,7 +25,6 @@ from pola_gnt.data.source_views import nearest_views
 from pola_gnt.metrics import ImageMetrics
 
 METRIC_NAMES = ("psnr", "ssim", "lpips")
-PROTOCOLS = ("standard", "gnt")
 BASELINE_METHOD = "nearest_train_image"
 
 

@@ -49,6 +49,7 @@ from pola_gnt.errors import UserError, exit_on_user_error
 from pola_gnt.paths import LPIPS_WEIGHTS_ENV
 
 LPIPS_NETS = ("alex", "vgg")
+PROTOCOLS = ("standard", "gnt")  # standard, or GNT-compatible (see metrics_protocol.md)
 SSIM_PADDINGS = ("valid", "same")
 SSIM_WINDOW = 11
 # AlexNet's strided first convolution and two 3x3 max-pools need at least 31 pixels per side, VGG's
@@ -322,7 +323,7 @@ class ImageMetrics:
     @classmethod
     def for_protocol(cls, protocol: str = "standard", **options) -> "ImageMetrics":
         """`standard` (valid SSIM, LPIPS on [-1, 1]) or `gnt` (zero-padded SSIM, LPIPS on [0, 1])."""
-        if protocol not in ("standard", "gnt"):
+        if protocol not in PROTOCOLS:
             raise UserError(f"metrics.protocol: must be standard or gnt, got {protocol!r}")
         gnt = protocol == "gnt"
         return cls(ssim_padding="same" if gnt else "valid", gnt_protocol=gnt, **options)
