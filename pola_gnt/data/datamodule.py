@@ -18,7 +18,7 @@ from pola_gnt.data.llff import Scene
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.data.source_views import nearest_views, random_training_views
 from pola_gnt.errors import UserError
-from pola_gnt.render.rays import pixel_grid, pixel_rays, sample_depths
+from pola_gnt.render.rays import pixel_coordinates, pixel_rays, sample_depths
 
 Batch = dict[str, Tensor]
 
@@ -67,9 +67,8 @@ class TrainSteps(Dataset):
         if cfg.crop:
             batch, intrinsics, image = self._crop(batch, intrinsics, image, rng)
         height, width = image.shape[:2]
-        pixels = pixel_grid(height, width)
         chosen = torch.from_numpy(rng.choice(height * width, size=min(cfg.rays_per_step, height * width), replace=False))
-        rays = pixel_rays(scene.cameras.c2w[target], intrinsics, pixels[chosen])
+        rays = pixel_rays(scene.cameras.c2w[target], intrinsics, pixel_coordinates(chosen, width))
         generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
         near, far = scene.depth_range
         depths = sample_depths(near, far, len(rays), self.n_samples, jitter=True, generator=generator)
@@ -123,7 +122,7 @@ class ValidationRays(Dataset):
         height, width = scene.resolution
         generator = torch.Generator().manual_seed(seed)
         chosen = torch.randperm(height * width, generator=generator)[: cfg.val_rays]
-        rays = pixel_rays(scene.cameras.c2w[view], scene.cameras.intrinsics[view], pixel_grid(height, width)[chosen])
+        rays = pixel_rays(scene.cameras.c2w[view], scene.cameras.intrinsics[view], pixel_coordinates(chosen, width))
         near, far = scene.depth_range
         return {
             **source_batch(scene, eval_source_ids(scene, view, cfg.num_source_views)),

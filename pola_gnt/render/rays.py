@@ -28,14 +28,14 @@ class Rays:
         return Rays(self.origins.to(device), self.directions.to(device))
 
 
+def pixel_coordinates(indices: Tensor, width: int) -> Tensor:
+    """Integer pixel coordinates `(u, v)` = (column, row) of row-major pixel `indices` `[n]`: `[n, 2]`."""
+    return torch.stack([indices % width, torch.div(indices, width, rounding_mode="floor")], dim=-1).float()
+
+
 def pixel_grid(height: int, width: int, device=None) -> Tensor:
-    """Integer pixel coordinates `(u, v)` = (column, row) of every pixel, row-major: `[H * W, 2]`."""
-    rows, cols = torch.meshgrid(
-        torch.arange(height, device=device, dtype=torch.float32),
-        torch.arange(width, device=device, dtype=torch.float32),
-        indexing="ij",
-    )
-    return torch.stack([cols.reshape(-1), rows.reshape(-1)], dim=-1)
+    """Integer pixel coordinates `(u, v)` of every pixel, row-major: `[H * W, 2]`."""
+    return pixel_coordinates(torch.arange(height * width, device=device), width)
 
 
 def pixel_rays(c2w: Tensor, intrinsics: Tensor, pixels: Tensor) -> Rays:
