@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from pola_gnt.errors import exit_on_user_error
 from pola_gnt.paths import PROJECT_ROOT
+from pola_gnt.runtime import configure_cpu_allocator
 
 CONFIG_DIR = str(PROJECT_ROOT / "conf")
 CONFIG_NAME = "config"
@@ -17,6 +18,7 @@ CONFIG_NAME = "config"
 
 def entry_point(task: Callable[[DictConfig], object]) -> Callable[[], object]:
     """`@entry_point` on `def main(cfg)`: a Hydra app over the project config."""
+    configure_cpu_allocator()
     return hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=CONFIG_NAME)(
         exit_on_user_error(task)
     )

@@ -1,7 +1,7 @@
 """Benchmark GNT against Pola-GNT: render / training throughput, peak memory, FLOP per ray.
 
     python scripts/bench_render.py --out bench.json [--device cpu|cuda] [--samples 64 192]
-        [--views 10] [--rays 128] [--width 64 --blocks 4] [--repeats 3] [--bf16]
+        [--views 10] [--rays 16] [--width 64 --blocks 4] [--repeats 5] [--bf16]
 
 Both models see the same synthetic forward-facing rig: `views` source cameras on a small grid
 looking down +z, a target camera at the origin, rays through random pixels, samples uniform in
@@ -9,15 +9,20 @@ inverse depth over [2, 10] (nearly every sample is seen by most views). The enco
 everywhere: source features are a fixed random `[views, 32, H/4, W/4]` tensor, so the figures
 measure the transformer part (gathering, view and ray transformers, read-out).
 
-Per model and sample count:
-- render rays/s: eval mode, no grad, one chunk of `rays` rays, median over repeats;
+Per model and sample count (timed runs alternate between the models, so a busy spell of a shared
+machine slows both alike):
+- render rays/s: eval mode, inference mode, one chunk of `rays` rays, median over repeats;
 - train rays/s: forward + backward (gradients of all transformer parameters), median over repeats;
 - peak memory of the training step above what was allocated before it (parameters, sources):
   CUDA `max_memory_allocated`; on CPU the running total of the CPU allocator's allocations and frees
   recorded by `torch.profiler(profile_memory=True)` during one extra, untimed step;
 - GFLOP per ray of the forward pass (and of forward + backward) by
-  `torch.utils.flop_counter.FlopCounterMode` (matmuls, convs, attention; elementwise ops are not
-  counted).
+  `torch.utils.flop_counter.FlopCounterMode`: matmuls, convolutions and attention kernels, with
+  formulas registered for the CPU flash-attention kernel that SDPA uses on the CPU (otherwise GNT's
+  quadratic ray attention counts 0). Elementwise work (feature maps, softmax) is not counted for
+  either model. Achieved GFLOP/s follow from these counts.
+
+The quick preset's size: `--views 4 --samples 32 --width 32 --blocks 2 --rays 512`.
 """
 
 from __future__ import annotations
@@ -28,15 +33,18 @@ import statistics
 import sys
 import time
 from contextlib import nullcontext
+from typing import Callable
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from pola_gnt.errors import UserError, exit_on_user_error
 from pola_gnt.model import GNT, SourceViews
 from pola_gnt.render.rays import Rays, pixel_rays, sample_depths
+from pola_gnt.runtime import configure_cpu_allocator
 
 MODELS = {"gnt": ("subtraction", "softmax"), "pola_gnt": ("pola", "pola")}
 HEIGHT, WIDTH = 378, 504  # LLFF at factor 8
@@ -67,19 +75,6 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def median_seconds(step, repeats: int, device: torch.device) -> float:
-    """Median wall time of `step()` over `repeats` runs after one warm-up run."""
-    step()
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        step()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def peak_step_memory_mb(step, device: torch.device) -> float:
     """Peak memory allocated by `step()` beyond what was allocated before it, in MiB."""
     if device.type == "cuda":
@@ -103,15 +98,37 @@ def peak_step_memory_mb(step, device: torch.device) -> float:
     return peak / 2**20
 
 
+def _register_cpu_sdpa_flops() -> None:
+    """Count the CPU flash-attention kernel that SDPA dispatches to on the CPU: FlopCounterMode has
+    formulas for the CUDA kernels only, so GNT's quadratic attention FLOPs would silently be 0."""
+    registry = flop_counter.flop_registry
+    forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    if forward not in registry:
+
+        @flop_counter.register_flop_formula(forward)
+        def _forward(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+            return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    if backward not in registry:
+
+        @flop_counter.register_flop_formula(backward)
+        def _backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+            return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
 def counted_gflop(step) -> float:
+    """GFLOP of `step()`: matmuls, convolutions and attention kernels (both models' elementwise work,
+    feature maps and softmax included, is not counted)."""
+    _register_cpu_sdpa_flops()
     with FlopCounterMode(display=False) as counter:
         step()
     return counter.get_total_flops() / 1e9
 
 
-def bench_one(
-    kind: str, n_samples: int, args: argparse.Namespace, sources: SourceViews, rays: Rays, device: torch.device
-) -> dict:
+def model_steps(kind: str, n_samples: int, args: argparse.Namespace, sources: SourceViews, rays: Rays,
+                device: torch.device) -> tuple[GNT, Callable[[], None], Callable[[], None]]:
+    """The model and its render step (eval, inference mode) and training step (forward + backward)."""
     torch.manual_seed(0)
     view_attention, ray_attention = MODELS[kind]
     model = GNT(view_attention, ray_attention, width=args.width, n_blocks=args.blocks, heads=args.heads)
@@ -124,7 +141,7 @@ def bench_one(
 
     def render_step() -> None:
         model.eval()
-        with torch.no_grad(), autocast:
+        with torch.inference_mode(), autocast:
             model(rays, render_depths, sources)
 
     def train_step() -> None:
@@ -134,29 +151,53 @@ def bench_one(
             out = model(rays, train_depths, sources)
         (out.rgb.square().mean() + 1e-3 * out.depth.mean()).backward()
 
-    render_s = median_seconds(render_step, args.repeats, device)
-    train_s = median_seconds(train_step, args.repeats, device)
-    peak_mb = peak_step_memory_mb(train_step, device)
-    render_peak_mb = peak_step_memory_mb(render_step, device)
-    gflop = counted_gflop(render_step)
-    train_gflop = counted_gflop(train_step)
-    return {
-        "model": kind,
-        "n_samples": n_samples,
-        "n_views": args.views,
-        "render_rays_per_s": n_rays / render_s,
-        "train_rays_per_s": n_rays / train_s,
-        "peak_mem_mb": peak_mb,
-        "gflop_per_ray": gflop / n_rays,
-        "render_peak_mem_mb": render_peak_mb,
-        "train_gflop_per_ray": train_gflop / n_rays,
-        "n_rays": n_rays,
-        "transformer_params": sum(p.numel() for p in model.parameters()),
-        "encoder": "excluded",
-        "device": str(device),
-        "dtype": "bf16-autocast" if args.bf16 else "fp32",
-        "threads": torch.get_num_threads(),
-    }
+    return model, render_step, train_step
+
+
+def bench_samples(n_samples: int, args: argparse.Namespace, sources: SourceViews, rays: Rays,
+                  device: torch.device) -> list[dict]:
+    """Every model at one sample count. Timed runs alternate between the models (one of each per
+    repeat), so a slow spell of a shared machine hits both alike; figures are medians."""
+    steps = {kind: model_steps(kind, n_samples, args, sources, rays, device) for kind in args.models}
+    times: dict[tuple[str, str], list[float]] = {}
+    for phase in ("render", "train"):
+        for _, render_step, train_step in steps.values():  # warm-up
+            (render_step if phase == "render" else train_step)()
+        for _ in range(args.repeats):
+            for kind, (_, render_step, train_step) in steps.items():
+                step = render_step if phase == "render" else train_step
+                synchronize(device)
+                start = time.perf_counter()
+                step()
+                synchronize(device)
+                times.setdefault((kind, phase), []).append(time.perf_counter() - start)
+
+    n_rays = len(rays)
+    rows = []
+    for kind, (model, render_step, train_step) in steps.items():
+        render_s, train_s = (statistics.median(times[kind, phase]) for phase in ("render", "train"))
+        gflop, train_gflop = counted_gflop(render_step), counted_gflop(train_step)
+        rows.append({
+            "model": kind,
+            "n_samples": n_samples,
+            "n_views": args.views,
+            "render_rays_per_s": n_rays / render_s,
+            "train_rays_per_s": n_rays / train_s,
+            "peak_mem_mb": peak_step_memory_mb(train_step, device),
+            "gflop_per_ray": gflop / n_rays,
+            "render_peak_mem_mb": peak_step_memory_mb(render_step, device),
+            "train_gflop_per_ray": train_gflop / n_rays,
+            "render_gflop_per_s": gflop / render_s,
+            "train_gflop_per_s": train_gflop / train_s,
+            "n_rays": n_rays,
+            "repeats": args.repeats,
+            "transformer_params": sum(p.numel() for p in model.parameters()),
+            "encoder": "excluded",
+            "device": str(device),
+            "dtype": "bf16-autocast" if args.bf16 else "fp32",
+            "threads": torch.get_num_threads(),
+        })
+    return rows
 
 
 def print_table(rows: list[dict]) -> None:
@@ -181,6 +222,16 @@ def print_table(rows: list[dict]) -> None:
                 f"| {fmt.format(gnt[key]) if gnt else '-':>10} {fmt.format(pola[key]) if pola else '-':>12}"
             )
         print(f"{n_samples:>7} " + " ".join(cells))
+    if all(kind in {row["model"] for row in rows} for kind in MODELS):
+        print("\nPola-GNT / GNT (above 1: Pola-GNT faster or, for memory, larger)")
+        for n_samples in sorted({row["n_samples"] for row in rows}):
+            gnt, pola = (by_key[kind, n_samples] for kind in MODELS)
+            print(
+                f"{n_samples:>7}   render {pola['render_rays_per_s'] / gnt['render_rays_per_s']:.2f}x   "
+                f"train {pola['train_rays_per_s'] / gnt['train_rays_per_s']:.2f}x   "
+                f"train peak memory {pola['peak_mem_mb'] / gnt['peak_mem_mb']:.2f}x   "
+                f"GFLOP/ray {pola['gflop_per_ray'] / gnt['gflop_per_ray']:.2f}x"
+            )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -193,7 +244,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median)")
     parser.add_argument("--models", nargs="+", choices=tuple(MODELS), default=list(MODELS))
     parser.add_argument("--bf16", action="store_true", help="run under bf16 autocast")
     return parser.parse_args(argv)
@@ -209,16 +260,16 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError(f"--samples: must be at least 1, got {args.samples}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device cuda: no CUDA device available")
+    configure_cpu_allocator()
     device = torch.device(args.device)
     sources, rays = synthetic_rig(args.views, args.rays, device)
 
     rows = []
     for n_samples in args.samples:
-        for kind in args.models:
-            row = bench_one(kind, n_samples, args, sources, rays, device)
+        for row in bench_samples(n_samples, args, sources, rays, device):
             rows.append(row)
             print(
-                f"{kind:>9} S={n_samples:<4} render {row['render_rays_per_s']:8.0f} rays/s  "
+                f"{row['model']:>9} S={n_samples:<4} render {row['render_rays_per_s']:8.0f} rays/s  "
                 f"train {row['train_rays_per_s']:8.0f} rays/s  peak {row['peak_mem_mb']:7.0f} MB  "
                 f"{row['gflop_per_ray']:.3f} GFLOP/ray",
                 file=sys.stderr, flush=True,

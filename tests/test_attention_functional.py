@@ -8,9 +8,12 @@ import pytest
 import torch
 
 from pola_gnt.attention import functional
-from pola_gnt.attention.functional import EPSILON, EXPONENT_CLAMP, polarity_attention, resolve_form
+from pola_gnt.attention.functional import EPSILON, EXPONENT_CLAMP, expm1_, polarity_attention, resolve_form
+from pola_gnt.attention.view_functional import polarity_view_attention
 
-FORMS = ("linear", "quadratic")
+# "linear" runs whole short sequences (`short_linear`), "chunked" forces the chunked linear form that
+# long sequences take, "quadratic" is the explicit-weights form.
+FORMS = ("linear", "chunked", "quadratic")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -79,12 +82,19 @@ def _inputs(num_queries, num_keys, batch=2, heads=2, d=4, seed=0, dtype=torch.fl
 
 def _run(form, q, k, v, temp_same, temp_opp, key_mask=None):
     """The module convention: temps `[heads, 2d]` broadcast as `[heads, 1, 2d]`."""
-    return polarity_attention(q, k, v, temp_same.unsqueeze(-2), temp_opp.unsqueeze(-2), key_mask, form=form)
+    with pytest.MonkeyPatch.context() as patch:
+        if form == "chunked":
+            patch.setattr(functional, "SHORT_SEQUENCE", 0)
+        return polarity_attention(
+            q, k, v, temp_same.unsqueeze(-2), temp_opp.unsqueeze(-2), key_mask,
+            form="linear" if form == "chunked" else form,
+        )
 
 
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Force the linear form to walk its sequences in several chunks."""
+    monkeypatch.setattr(functional, "SHORT_SEQUENCE", 0)
     monkeypatch.setattr(functional, "_MIN_CHUNK_ELEMENTS", 1)
     monkeypatch.setattr(functional, "_MAX_CHUNK_ELEMENTS", 3 * 2 * 2 * 4)  # 3 tokens of [2 heads, 2d = 8]
 
@@ -227,8 +237,9 @@ def test_clamped_exponent_gradients_match_autograd():
         inputs = [x.clone().requires_grad_(True) for x in (q, k, v, ts, to)]
         (_run(form, *inputs, mask) * torch.linspace(-1, 1, q.shape[-1], dtype=torch.float64)).sum().backward()
         grads[form] = [x.grad for x in inputs]
-    for linear, quadratic in zip(grads["linear"], grads["quadratic"]):
-        torch.testing.assert_close(linear, quadratic)
+    for form in ("linear", "chunked"):
+        for fast, quadratic in zip(grads[form], grads["quadratic"]):
+            torch.testing.assert_close(fast, quadratic)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -312,3 +323,108 @@ def test_quadratic_form_keeps_only_its_inputs_for_backward():
     assert sum(saved_bytes) <= 1.5 * input_bytes, (sum(saved_bytes), input_bytes)
     out.sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v, temp))
+
+
+# --------------------------------------------------------------------------------------------------
+# View form: one query per point over a few keys, heads in place (`view_functional`)
+
+
+def _view_inputs(points=5, views=6, heads=2, d=4, scale=1.0, seed=1, dtype=torch.float64):
+    """q `[points, heads, d]`, k, v `[points, views, heads, d]`, temps `[heads, 2d]`, mask `[points, views]`
+    with one point whose views are all masked."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(points, heads, d, generator=gen, dtype=torch.float64) * scale
+    k = torch.randn(points, views, heads, d, generator=gen, dtype=torch.float64) * scale
+    v = torch.randn(points, views, heads, d, generator=gen, dtype=torch.float64)
+    ts = torch.rand(heads, 2 * d, generator=gen, dtype=torch.float64) * 0.9 + 0.1
+    to = torch.rand(heads, 2 * d, generator=gen, dtype=torch.float64) * 0.9 + 0.1
+    mask = torch.rand(points, views, generator=gen) > 0.3
+    mask[:, 0] = True
+    mask[1] = False
+    return [x.to(dtype) for x in (q, k, v, ts, to)], mask
+
+
+def _view_as_quadratic(q, k, v, ts, to, mask):
+    """The same function through the general entry point: one query, heads split."""
+    heads = q.shape[-2]
+    out = polarity_attention(
+        q.unsqueeze(-2), k.transpose(-2, -3), v.transpose(-2, -3), ts.unsqueeze(-2), to.unsqueeze(-2),
+        mask.unsqueeze(-2).expand(-1, heads, -1), form="quadratic",
+    )
+    return out.squeeze(-2)
+
+
+@pytest.mark.parametrize("views", [1, 4, 10])
+def test_view_form_matches_reference(views):
+    (q, k, v, ts, to), mask = _view_inputs(views=views, dtype=torch.float32)
+    expected = reference_attention(
+        q.double().unsqueeze(-2), k.double().transpose(-2, -3), v.double().transpose(-2, -3),
+        ts.double(), to.double(), mask.unsqueeze(-2).expand(-1, q.shape[-2], -1),
+    ).squeeze(-2)
+    out = polarity_view_attention(q, k, v, ts, to, mask)
+    assert out.dtype == torch.float32 and out.shape == q.shape
+    assert torch.equal(out[1], torch.zeros_like(out[1]))  # every view masked: zeros
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0])  # 30: many exponents beyond the clamp
+def test_view_form_values_and_gradients_equal_quadratic_fp64(scale):
+    inputs, mask = _view_inputs(scale=scale)
+    grad = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    results = {}
+    for name, fn in (("view", polarity_view_attention), ("quadratic", _view_as_quadratic)):
+        leaves = [x.clone().requires_grad_(True) for x in inputs]
+        out = fn(*leaves, mask)
+        results[name] = [out, *torch.autograd.grad(out, leaves, grad)]
+    for view, quadratic in zip(results["view"], results["quadratic"]):
+        assert torch.isfinite(view).all()
+        torch.testing.assert_close(view, quadratic, rtol=1e-10, atol=1e-12 * quadratic.abs().max().item())
+
+
+def test_view_form_gradcheck():
+    (q, k, v, ts, to), mask = _view_inputs(points=3, views=4)
+    inputs = tuple(x.requires_grad_(True) for x in (q, k, v, ts, to))
+    assert torch.autograd.gradcheck(lambda *x: polarity_view_attention(*x, mask), inputs)
+
+
+def test_view_form_masked_views_have_no_effect():
+    (q, k, v, ts, to), mask = _view_inputs(dtype=torch.float32)
+    k2, v2 = k.clone(), v.clone()
+    k2[~mask], v2[~mask] = 50.0, 1e4  # any leak of a masked view would show
+    torch.testing.assert_close(
+        polarity_view_attention(q, k2, v2, ts, to, mask), polarity_view_attention(q, k, v, ts, to, mask)
+    )
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e3])
+def test_view_form_bf16_autocast_and_half_inputs_are_finite(scale):
+    (q, k, v, ts, to), mask = _view_inputs(points=16, views=10, d=8, dtype=torch.float32)
+    expected = polarity_view_attention(*(x.double() * s for x, s in zip((q, k, v, ts, to), (scale, scale, scale, 1, 1))), mask)
+    leaves = [(x * s).requires_grad_(True) for x, s in zip((q, k, v), (scale, scale, scale))]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = polarity_view_attention((leaves[0] @ torch.eye(8)), *leaves[1:], ts, to, mask)
+        assert out.dtype == torch.bfloat16
+        out.float().square().sum().backward()
+    assert torch.isfinite(out.float()).all()
+    torch.testing.assert_close(out.double(), expected, rtol=0.05, atol=0.02 * scale)
+    for x in leaves:
+        assert torch.isfinite(x.grad).all()
+    half = [(x * 6e4 / x.abs().max()).half().requires_grad_(True) for x in (q, k, v)]  # |x| <= 6e4
+    out = polarity_view_attention(*half, ts.half(), to.half(), mask)
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    (out.float() / 6e4).square().sum().backward()
+    assert all(torch.isfinite(x.grad).all() for x in half)
+
+
+def test_fast_expm1_is_accurate_over_the_feature_range():
+    """The fp32 CPU `expm1_` (Kahan's formula) against fp64 `expm1`: a few ulp everywhere, including
+    0, denormals, values below fp32's resolution of exp(z) and the clamp bound."""
+    z = torch.cat([
+        torch.zeros(3), torch.logspace(-44, 0, 4000, dtype=torch.float64).float(),
+        torch.linspace(0, EXPONENT_CLAMP, 4000), torch.tensor([EXPONENT_CLAMP]),
+    ])
+    expected = torch.expm1(z.double())
+    out = expm1_(z.clone())
+    assert torch.equal(out[:3], torch.zeros(3))
+    relative = (out.double() - expected).abs() / expected.clamp(min=1e-300)
+    assert relative[3:].max() < 3e-7

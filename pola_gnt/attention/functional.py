@@ -52,6 +52,10 @@ _CHUNKS_PER_SEQUENCE = 8
 _MIN_CHUNK_ELEMENTS = 2**15
 _MAX_CHUNK_ELEMENTS = 2**21
 
+# Up to this many keys the linear form runs over whole sequences at once (`short_linear`); longer
+# sequences walk in chunks (below) so that no feature tensor is held whole.
+SHORT_SEQUENCE = 2048
+
 Form = Literal["linear", "quadratic", "auto"]
 FORMS = ("linear", "quadratic", "auto")
 
@@ -65,8 +69,31 @@ def polarity_split(x: Tensor) -> tuple[Tensor, Tensor]:
     return torch.relu(x), torch.relu(-x)
 
 
+# Added to log(e^z) so that z = 0 (e^z = 1) divides 0 by a tiny number instead of 0 by 0.
+_TINY = 1e-30
+
+
+def expm1_(z: Tensor) -> Tensor:
+    """`expm1(z)` for `z >= 0`, written over `z`.
+
+    PyTorch's fp32 `expm1` on the CPU is over 10x slower than its `exp` and `log` (no vectorised
+    path), and the feature maps are the largest elementwise work of the attention. So fp32 on the CPU
+    uses Kahan's formula `expm1(z) = (e - 1) z / log(e)` with `e = fl(exp(z))`: the rounding error of
+    `e` cancels between numerator and denominator, leaving a few ulp (measured: < 2e-7 relative over
+    [1e-40, 21]), where the naive `e - 1` loses all digits as z -> 0. Where `e` rounds to 1 (z < 6e-8)
+    the quotient is 0 and `max(., z)` restores `expm1(z) = z` to within an ulp (expm1(z) >= z always).
+    Other dtypes and CUDA use `torch.expm1` (fast there; fp64 is the reference path).
+    """
+    if z.dtype != torch.float32 or z.is_cuda:
+        return z.expm1_()
+    e = torch.exp(z)
+    numerator = (e - 1.0).mul_(z)
+    return torch.maximum(numerator.div_(e.log_().add_(_TINY)), z, out=z)
+
+
 def spiky(z: Tensor) -> Tensor:
-    """The PaCS map `expm1(min(z, EXPONENT_CLAMP))`; `z >= 0` here, so features are >= 0 and 0 at 0."""
+    """The PaCS map `expm1(min(z, EXPONENT_CLAMP))`; `z >= 0` here, so features are >= 0 and 0 at 0.
+    Plain autograd (the quadratic form, the reference): `torch.expm1`, not the in-place `expm1_`."""
     return torch.expm1(z.clamp(max=EXPONENT_CLAMP))
 
 
@@ -156,7 +183,7 @@ def _gather_by_sign(grad: Tensor, positive: Tensor) -> Tensor:
 def _spiky_inplace(exponent: Tensor, for_backward: bool) -> tuple[Tensor, Tensor | None]:
     """`expm1(min(z, B))` written over `z`; with `for_backward`, also where the clamp is active."""
     clamped = exponent > EXPONENT_CLAMP if for_backward else None
-    return exponent.clamp_max_(EXPONENT_CLAMP).expm1_(), clamped
+    return expm1_(exponent.clamp_max_(EXPONENT_CLAMP)), clamped
 
 
 def _exponent_backward(grad_features: Tensor, features: Tensor, clamped: Tensor) -> Tensor:
@@ -402,7 +429,11 @@ def polarity_attention(
     compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     with torch.autocast(device_type=q.device.type, enabled=False):
         inputs = [t.to(compute_dtype) for t in (q, k, v, temp_same, temp_opp)]
-        if resolved == "linear":
+        if resolved == "linear" and k.shape[-2] <= SHORT_SEQUENCE:
+            from pola_gnt.attention.short_linear import polarity_attention_short
+
+            out = polarity_attention_short(*inputs, key_mask)
+        elif resolved == "linear":
             out = polarity_attention_linear(*inputs, key_mask)
         elif torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
             # Keep only the inputs for backward and recompute the feature maps and weights there:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pola_gnt.attention.functional import polarity_attention
+from pola_gnt.attention.view_functional import polarity_view_attention
 
 VIEW_ATTENTION_KINDS = ("pola", "softmax", "subtraction")
 RAY_ATTENTION_KINDS = ("pola", "softmax")
@@ -119,9 +120,16 @@ class PolaViewAttention(PolaAttentionBase):
         k, v = self.to_kv(view_tokens).chunk(2, dim=-1)  # [points, views, dim] each
         pos = self.pos_fc(rel_dirs)
         q = split_heads(q.unsqueeze(-2), self.heads)  # [points, heads, 1, head_dim]
-        k, v = split_heads(k + pos, self.heads), split_heads(v + pos, self.heads)
+        k, v = split_heads(k + pos, self.heads), split_heads(v + pos, self.heads)  # [points, heads, views, head_dim]
         attended = merge_heads(self._attend(q, k, v, view_mask)).squeeze(-2)  # [points, dim]
         return self._gated_output(attended, gate)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
+        """One query per point: the channel-wise view form. q `[points, heads, 1, d]`, k, v
+        `[points, heads, views, d]` (views of `[points, views, heads, d]`: transposing back copies nothing)."""
+        temp_same, temp_opp = self.temperatures()
+        k, v = k.transpose(-2, -3), v.transpose(-2, -3)
+        return polarity_view_attention(q.squeeze(-2), k, v, temp_same, temp_opp, key_mask).unsqueeze(-2)
 
 
 class SoftmaxViewAttention(nn.Module):

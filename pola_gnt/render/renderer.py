@@ -17,7 +17,7 @@ class RenderedImage:
     depth: Tensor  # [H, W] expected camera z-depth
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def render_rays(
     model: GNT,
     rays: Rays,
@@ -38,7 +38,7 @@ def render_rays(
     return torch.cat(colours), torch.cat(depths)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def render_image(
     model: GNT,
     c2w: Tensor,

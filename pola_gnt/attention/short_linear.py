@@ -1,0 +1,143 @@
+"""Linear form of polarity attention for short sequences (GNT's ray attention, a few hundred samples).
+
+The same function as `polarity_attention(..., form="linear")`, for sequences short enough that the
+whole batch of them fits in memory at once: no chunk loop, and no `[..., 2d]` feature tensor built by
+sign scattering through bool masks (PyTorch's CPU kernels for `where` do not vectorise). Per channel,
+with `K = expm1(min(|k|, B))` and `G = sign(k) K`, the key features are
+
+    [k+ part, k- part] = [(K + G) / 2, (K - G) / 2]            (exact: each is K or 0)
+
+and a query channel's feature `F = expm1(min(t |q|, B))` goes to its `q+` or `q-` slot the same way,
+with `s = sign(q)` for the same-sign stream and `s = -sign(q)` for the opposite-sign one (which pairs
+`q+` with `k-`): `[(F + s F) / 2, (F - s F) / 2]`. The parts are kept apart (rather than summing the
+signed `G` into one statistic) so that no sum over keys cancels: every weight is a sum of
+non-negative terms. Both streams share the key statistic `[k+ part, k- part]^T [v, 1]`.
+Numerics as in `functional`.
+
+Memory: the custom autograd keeps the inputs, the key features and the key statistic; the query
+features are recomputed in backward. For long sequences use the chunked linear form in `functional`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from pola_gnt.attention.functional import EPSILON, EXPONENT_CLAMP, expm1_
+
+
+class _QueryFeatures:
+    """Both streams' signed query features `[..., 2 (stream), Nq, 2d]` and what backward needs."""
+
+    def __init__(self, q: Tensor, temp_same: Tensor, temp_opp: Tensor):
+        d = q.shape[-1]
+        self.sign = torch.sign(q)  # [..., Nq, d]
+        self.magnitude = q.abs()
+        positive = (self.sign > 0).to(q.dtype)
+        # Temperature of the non-zero part of each channel: same-sign q+ -> temp_same[:d], q- -> [d:];
+        # opposite-sign q+ -> temp_opp[d:], q- -> temp_opp[:d]. Temperatures are [..., 1, 2d].
+        temp_s = temp_same[..., d:] + positive * (temp_same[..., :d] - temp_same[..., d:])
+        temp_o = temp_opp[..., :d] + positive * (temp_opp[..., d:] - temp_opp[..., :d])
+        self.temperatures = torch.stack([temp_s, temp_o], dim=-3)  # [..., 2, Nq, d]
+        exponents = self.temperatures * self.magnitude.unsqueeze(-3)
+        self.unclamped = (exponents <= EXPONENT_CLAMP).to(q.dtype)
+        self.features = expm1_(exponents.clamp_(max=EXPONENT_CLAMP))  # [Fs, Fo]
+        self.stream_sign = torch.stack([self.sign, -self.sign], dim=-3)  # [..., 2, Nq, d]
+        half = 0.5 * self.features
+        signed = half * self.stream_sign
+        self.signed = torch.cat([half + signed, half - signed], dim=-1)  # [..., 2, Nq, 2d]: [q+ slot, q- slot]
+
+
+def _key_features(k: Tensor, visible: Tensor | None) -> tuple[Tensor, Tensor]:
+    """`[k+ part, k- part]` `[..., Nk, 2d]` (zero rows for masked keys) and `sign(k)`."""
+    sign = torch.sign(k)
+    keys = expm1_(k.abs().clamp_(max=EXPONENT_CLAMP)).mul_(0.5)
+    if visible is not None:
+        keys = keys.mul_(visible)
+    signed = keys * sign
+    return torch.cat([keys + signed, keys - signed], dim=-1), sign
+
+
+def _stream_stats(key_stats: Tensor) -> Tensor:
+    """`[..., 2d, d + 1]` = `[k+ part, k- part]^T [v, 1]` -> per stream `[..., 2, 2d, d/2 + 1]` (its value half, then the sum)."""
+    half = (key_stats.shape[-1] - 1) // 2
+    same = torch.cat([key_stats[..., :half], key_stats[..., -1:]], dim=-1)
+    opp = key_stats[..., half:]
+    return torch.stack([same, opp], dim=-3)
+
+
+def _stream_stats_backward(grad: Tensor) -> Tensor:
+    """Adjoint of `_stream_stats`."""
+    half = grad.shape[-1] - 1
+    same, opp = grad.unbind(dim=-3)
+    return torch.cat([same[..., :half], opp[..., :half], same[..., half:] + opp[..., half:]], dim=-1)
+
+
+def _with_ones(v: Tensor) -> Tensor:
+    return torch.cat([v, v.new_ones(*v.shape[:-1], 1)], dim=-1)
+
+
+class _ShortPolarityAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, temp_same, temp_opp, visible):
+        key_features, _ = _key_features(k, visible)
+        key_stats = key_features.transpose(-1, -2) @ _with_ones(v)  # [..., 2d, d + 1]
+        queries = _QueryFeatures(q, temp_same, temp_opp)
+        result = queries.signed @ _stream_stats(key_stats)  # [..., 2, Nq, d/2 + 1]
+        out = result[..., :-1] / (result[..., -1:] + EPSILON)
+        ctx.save_for_backward(q, k, v, temp_same, temp_opp, visible, key_features, key_stats, out)
+        return out.transpose(-3, -2).flatten(-2)  # [..., Nq, d]: same-sign channels first
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, temp_same, temp_opp, visible, key_features, key_stats, out = ctx.saved_tensors
+        d = q.shape[-1]
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            grad_out = grad_out.to(q.dtype).unflatten(-1, (2, d // 2)).transpose(-3, -2)  # [..., 2, Nq, d/2]
+            queries = _QueryFeatures(q, temp_same, temp_opp)
+            stats = _stream_stats(key_stats)
+            denominators = (queries.signed @ stats[..., -1:]) + EPSILON  # [..., 2, Nq, 1]
+            # out = num / den: d num = g / den, d den = -(g . out) / den.
+            grad_result = torch.cat([grad_out, -(grad_out * out).sum(dim=-1, keepdim=True)], dim=-1) / denominators
+            grad_key_stats = _stream_stats_backward(queries.signed.transpose(-1, -2) @ grad_result)  # [..., 2d, d + 1]
+            grad_signed = grad_result @ stats.transpose(-1, -2)  # [..., 2, Nq, 2d]
+
+            # Queries: signed = [F (1 + s) / 2, F (1 - s) / 2], s = +-1 (F = 0 where q = 0).
+            # Selected by 0/1 factors, not as (a + b) / 2 +- (a - b) / 2, which would cancel digits.
+            in_plus = queries.stream_sign.clamp(min=0.0)
+            in_minus = (-queries.stream_sign).clamp_(min=0.0)
+            grad_features = (grad_signed[..., :d] * in_plus).addcmul_(grad_signed[..., d:], in_minus)
+            grad_exponents = grad_features.mul_(queries.features + 1).mul_(queries.unclamped)  # [..., 2, Nq, d]
+            grad_q = (grad_exponents * queries.temperatures).sum(dim=-3) * queries.sign
+            grad_temp_same = grad_temp_opp = None
+            if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
+                slopes = grad_exponents * queries.magnitude.unsqueeze(-3)  # d t = d z |q|
+                positive = (queries.sign > 0).to(q.dtype).unsqueeze(-3)
+                on_positive = (slopes * positive).sum(dim=-2, keepdim=True)  # [..., 2, 1, d]
+                on_negative = slopes.sum(dim=-2, keepdim=True) - on_positive
+                grad_temp_same = torch.cat([on_positive[..., 0, :, :], on_negative[..., 0, :, :]], dim=-1)
+                grad_temp_opp = torch.cat([on_negative[..., 1, :, :], on_positive[..., 1, :, :]], dim=-1)
+                grad_temp_same = grad_temp_same.sum_to_size(temp_same.shape)
+                grad_temp_opp = grad_temp_opp.sum_to_size(temp_opp.shape)
+
+            # Keys: key_stats = [(K + G) / 2, (K - G) / 2]^T [v, 1] with G = sign(k) K.
+            grad_v = key_features @ grad_key_stats[..., :d]
+            grad_key_features = _with_ones(v) @ grad_key_stats.transpose(-1, -2)  # [..., Nk, 2d]
+            sign_k = torch.sign(k)
+            grad_keys = (grad_key_features[..., :d] * sign_k.clamp(min=0.0)).addcmul_(
+                grad_key_features[..., d:], (-sign_k).clamp_(min=0.0)
+            )
+            if visible is not None:  # masked keys: zero gradient (so their `K + 1` below does not matter)
+                grad_keys = grad_keys.mul_(visible)
+            unclamped = (k.abs() <= EXPONENT_CLAMP).to(k.dtype)
+            keys = key_features[..., :d] + key_features[..., d:]  # K (one of the two parts is 0)
+            grad_k = grad_keys.mul_(keys + 1).mul_(unclamped).mul_(sign_k)
+        return grad_q, grad_k, grad_v, grad_temp_same, grad_temp_opp, None
+
+
+def polarity_attention_short(
+    q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor, key_mask: Tensor | None = None
+) -> Tensor:
+    """Linear form over whole (short) sequences. Inputs already in compute dtype; `key_mask` bool `[..., Nk]`."""
+    visible = None if key_mask is None else key_mask.unsqueeze(-1).to(q.dtype)
+    return _ShortPolarityAttention.apply(q, k, v, temp_same, temp_opp, visible)

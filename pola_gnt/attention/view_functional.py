@@ -1,0 +1,214 @@
+"""Polarity attention of one query over a few keys per point (GNT's view attention), channel-wise.
+
+The same function as `polarity_attention(q[..., None, :], k, v, ...)` with one query per point, but
+computed without `[..., 2d]` feature tensors. Per channel `c` exactly one polarity part of `q` and of
+`k` is non-zero, so with `|x|` and the sign of `x`:
+
+    Fs_c = expm1(min(ts_c |q_c|, B))   ts_c = temp_same[c] if q_c > 0 else temp_same[d + c]
+    Fo_c = expm1(min(to_c |q_c|, B))   to_c = temp_opp[d + c] if q_c > 0 else temp_opp[c]
+    K_jc = expm1(min(|k_jc|, B))       0 for masked keys
+    w_same_j = sum_c [sign q_c == sign k_jc] Fs_c K_jc        (q+ meets k+, q- meets k-)
+    w_opp_j  = sum_c [sign q_c != sign k_jc] Fo_c K_jc        (q+ meets k-, q- meets k+)
+    out = [sum_j w_same_j v_j[:d/2], sum_j w_opp_j v_j[d/2:]] / ([sum_j w_same_j, sum_j w_opp_j] + eps)
+
+One d-wide key feature map serves both streams. A zero channel has a zero feature (expm1(0) = 0),
+so which side of the sign test it falls on does not matter. Layout: heads stay in place,
+`q [..., heads, d]`, `k, v [..., keys, heads, d]`, so the module's projections need no transposes.
+
+Memory: the custom autograd keeps only its inputs and recomputes the features in backward (GNT's
+subtraction attention keeps several `[points, views, width]` tensors for its backward).
+Numerics as in `functional`: fp32 (or fp64) with autocast off, exponent inputs clamped at
+`EXPONENT_CLAMP`, `EPSILON` on each stream's denominator.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from pola_gnt.attention.functional import EPSILON, EXPONENT_CLAMP, expm1_
+
+
+# Layout. Heads stay in place: `q [P, heads, d]`, `k, v [P, views, heads, d]` (`dim = heads * d`). Both
+# streams' per-point query terms are `[P, 2 (stream), heads, d]`. Per-point products that mix views with
+# streams and heads are batched matmuls against block-diagonal `[P, 2 * heads, dim]` matrices: on the
+# CPU they beat broadcasting over the short head axes, and bool masks (`where`, `masked_fill`) are
+# avoided on view-sized tensors for the same reason (PyTorch's CPU kernels for them are not vectorised).
+
+
+def _block_diagonal(x: Tensor) -> Tensor:
+    """`[P, 2, heads, d]` -> `[P, 2 * heads, heads * d]`: row (stream, h) holds `x[:, stream, h]` in head h's columns."""
+    points, streams, heads, d = x.shape
+    blocks = x.new_zeros(points, streams, heads, heads, d)
+    blocks.diagonal(dim1=2, dim2=3).copy_(x.transpose(-1, -2))
+    return blocks.view(points, streams * heads, heads * d)
+
+
+def _value_blocks(x: Tensor) -> Tensor:
+    """`[P, 2 * heads, heads * d]` (rows (stream, h)) -> `[P, heads, d]`: head h's columns of row
+    (stream, h), and of those the value half of that stream."""
+    points, rows, dim = x.shape
+    heads = rows // 2
+    diagonal = x.view(points, 2, heads, heads, 2, -1).diagonal(dim1=2, dim2=3)  # [P, 2, 2, d/2, heads]
+    return diagonal.diagonal(dim1=1, dim2=2).permute(0, 2, 3, 1).reshape(points, heads, -1)
+
+
+def _value_block_diagonal(x: Tensor) -> Tensor:
+    """Adjoint of `_value_blocks`: `[P, heads, d]` -> `[P, 2 * heads, heads * d]`."""
+    points, heads, d = x.shape
+    blocks = x.new_zeros(points, 2, heads, heads, 2, d // 2)
+    blocks.diagonal(dim1=2, dim2=3).diagonal(dim1=1, dim2=2).copy_(x.view(points, heads, 2, -1).permute(0, 3, 1, 2))
+    return blocks.view(points, 2 * heads, heads * d)
+
+
+def _sign_parts(sign: Tensor) -> tuple[Tensor, Tensor]:
+    """0/1 factors `[sign > 0]`, `[sign < 0]` from `sign` in {-1, 0, 1} (exact selections by multiplying)."""
+    return sign.clamp(min=0.0), (-sign).clamp_(min=0.0)
+
+
+class _QueryTerms:
+    """Per point, `F = [Fs, Fo]` `[P, 2, heads, d]`, and the coefficients that the `k+` and the `k-`
+    part of each key channel meet: same-sign stream `Fs [q > 0]` and `Fs [q < 0]`, opposite-sign
+    stream `Fo [q < 0]` and `Fo [q > 0]`. Selections multiply by exact 0/1 factors, so no sum cancels."""
+
+    def __init__(self, q: Tensor, temp_same: Tensor, temp_opp: Tensor):
+        d = q.shape[-1]
+        self.sign = torch.sign(q)
+        self.magnitude = q.abs()
+        positive, negative = _sign_parts(self.sign)
+        # Temperature of the non-zero part of each channel: same-sign q+ -> temp_same[:d], q- -> [d:];
+        # opposite-sign q+ -> temp_opp[d:], q- -> temp_opp[:d].
+        temp_s = temp_same[..., d:] + positive * (temp_same[..., :d] - temp_same[..., d:])
+        temp_o = temp_opp[..., :d] + positive * (temp_opp[..., d:] - temp_opp[..., :d])
+        self.temperatures = torch.stack(torch.broadcast_tensors(temp_s, temp_o), dim=1)  # [P, 2, heads, d]
+        exponents = self.temperatures * self.magnitude.unsqueeze(1)
+        self.unclamped = (exponents <= EXPONENT_CLAMP).to(q.dtype)
+        self.features = expm1_(exponents.clamp_(max=EXPONENT_CLAMP))
+        self.meets_plus = torch.stack([positive, negative], dim=1)  # [P, 2, heads, d]: 1 where the k+ part counts
+        self.meets_minus = torch.stack([negative, positive], dim=1)
+        self.plus = self.features * self.meets_plus
+        self.minus = self.features * self.meets_minus
+
+
+def _key_parts(k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """`K = expm1(min(|k|, B))` split into its `k+` and `k-` parts (`[P, views, heads, d]` each), and `sign(k)`."""
+    sign = torch.sign(k)
+    keys = expm1_(k.abs().clamp_(max=EXPONENT_CLAMP))
+    plus = keys * sign.clamp(min=0.0)
+    return plus, keys.sub_(plus), sign
+
+
+def _weights(keys_plus: Tensor, keys_minus: Tensor, terms: _QueryTerms) -> Tensor:
+    """Unnormalised weights `[P, views, 2 * heads]` (stream-major) of every view."""
+    products = keys_plus.unsqueeze(2) * terms.plus.unsqueeze(1)  # [P, views, 2, heads, d]
+    products.addcmul_(keys_minus.unsqueeze(2), terms.minus.unsqueeze(1))
+    return products.sum(dim=-1).flatten(2)
+
+
+def _sum_over_views(grad_weights: Tensor, keys: Tensor) -> Tensor:
+    """`sum_j grad_weights[:, j, stream, h] keys[:, j, h, :]`: `[P, views, 2 * heads]`, `[P, views, heads, d]`
+    -> `[P, 2, heads, d]` (elementwise: a batched matmul with inner size `views` is slow on the CPU)."""
+    per_stream = grad_weights.unflatten(-1, (2, -1)).unsqueeze(-1)  # [P, views, 2, heads, 1]
+    return (per_stream * keys.unsqueeze(2)).sum(dim=1)
+
+
+class _PolarityViewAttention(torch.autograd.Function):
+    """Keeps the inputs, the key parts and the small weights `[P, views, 2 * heads]` for backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, temp_same, temp_opp, visible):
+        points, views, heads, d = k.shape
+        keys_plus, keys_minus, _ = _key_parts(k)
+        weights = _weights(keys_plus, keys_minus, _QueryTerms(q, temp_same, temp_opp))
+        if visible is not None:
+            weights = weights.mul_(visible)  # [P, views, 1]
+        attention = weights / (weights.sum(dim=1, keepdim=True) + EPSILON)
+        out = _value_blocks(torch.bmm(attention.transpose(1, 2), v.view(points, views, heads * d)))
+        ctx.save_for_backward(q, k, v, temp_same, temp_opp, visible, keys_plus, keys_minus, weights, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, temp_same, temp_opp, visible, keys_plus, keys_minus, weights, out = ctx.saved_tensors
+        points, views, heads, d = k.shape
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            grad_out = grad_out.to(q.dtype)
+            denominators = weights.sum(dim=1, keepdim=True) + EPSILON  # [P, 1, 2 * heads]
+            attention = weights / denominators
+
+            grad_v = torch.bmm(attention, _value_block_diagonal(grad_out)).view_as(v)
+
+            # out = sum_j w_j v_j / (sum_j w_j + eps): d w_j = (g . v_j - g . out) / (sum_j w_j + eps)
+            def per_stream_head(x: Tensor) -> Tensor:  # [..., heads, 2, d/2] summed over d/2 -> [..., 2 * heads]
+                return x.sum(dim=-1).transpose(-1, -2).flatten(-2)
+
+            flat_v = v.view(points, views, heads * d)
+            grad_attention = per_stream_head((flat_v * grad_out.view(points, 1, -1)).view(points, views, heads, 2, -1))
+            grad_dot_out = per_stream_head((grad_out * out).view(points, heads, 2, -1)).unsqueeze(1)
+            grad_weights = (grad_attention - grad_dot_out) / denominators  # [P, views, 2 * heads]
+            if visible is not None:
+                grad_weights = grad_weights.mul_(visible)
+
+            # w = sum_c (K+ plus + K- minus) per (stream, head); K+ = K [k > 0], K- = K [k < 0].
+            terms = _QueryTerms(q, temp_same, temp_opp)
+            sign_k = torch.sign(k)
+            grad_plus = torch.bmm(grad_weights, _block_diagonal(terms.plus)).view_as(k)
+            grad_minus = torch.bmm(grad_weights, _block_diagonal(terms.minus)).view_as(k)
+            grad_keys = grad_plus.mul_(sign_k.clamp(min=0.0)).addcmul_(grad_minus, (-sign_k).clamp_(min=0.0))
+            # d|k| = d K exp(|k|) below the clamp (masked keys have zero d w, so `K + 1` never matters there).
+            unclamped_k = (k.abs() <= EXPONENT_CLAMP).to(k.dtype)
+            grad_k = grad_keys.mul_(keys_plus + keys_minus + 1).mul_(unclamped_k).mul_(sign_k)
+
+            grad_features = _sum_over_views(grad_weights, keys_plus).mul_(terms.meets_plus)
+            grad_features.addcmul_(_sum_over_views(grad_weights, keys_minus), terms.meets_minus)  # [P, 2, heads, d]
+            grad_exponents = grad_features.mul_(terms.features + 1).mul_(terms.unclamped)
+            grad_q = (grad_exponents * terms.temperatures).sum(dim=1) * terms.sign
+
+            # Temperatures: d t = d z |q|, summed into the slot of q's polarity.
+            grad_temp_same = grad_temp_opp = None
+            if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
+                slopes = grad_exponents * terms.magnitude.unsqueeze(1)  # [P, 2, heads, d]
+                positive, negative = _sign_parts(terms.sign)
+                on_positive, on_negative = slopes * positive.unsqueeze(1), slopes * negative.unsqueeze(1)
+                grad_temp_same = torch.cat([on_positive[:, 0], on_negative[:, 0]], dim=-1).sum_to_size(temp_same.shape)
+                grad_temp_opp = torch.cat([on_negative[:, 1], on_positive[:, 1]], dim=-1).sum_to_size(temp_opp.shape)
+        return grad_q, grad_k, grad_v, grad_temp_same, grad_temp_opp, None
+
+
+def polarity_view_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    temp_same: Tensor,
+    temp_opp: Tensor,
+    key_mask: Tensor | None = None,
+) -> Tensor:
+    """Polarity attention of one query per point over its keys (see the module docstring).
+
+    Args:
+        q: `[..., heads, d]` one query per point (d even).
+        k, v: `[..., keys, heads, d]`.
+        temp_same, temp_opp: `[heads, 2d]` temperatures (broadcastable to `[..., heads, 2d]`).
+        key_mask: bool `[..., keys]`, True where a key may be attended; a point whose keys are all
+            masked gets zeros.
+
+    Returns:
+        `[..., heads, d]` in the dtype of `q`, equal to `polarity_attention` with one query:
+        channels `[0, d/2)` the same-sign stream, `[d/2, d)` the opposite-sign stream.
+    """
+    if k.shape != v.shape or k.shape[:-3] + k.shape[-2:] != q.shape:
+        raise ValueError(f"expected q [..., heads, d], k and v [..., keys, heads, d]; got {q.shape}, {k.shape}, {v.shape}")
+    if q.shape[-1] % 2:
+        raise ValueError(f"head dim must be even (two value halves), got {q.shape[-1]}")
+    if key_mask is not None and (key_mask.dtype != torch.bool or key_mask.shape != k.shape[:-2]):
+        raise ValueError(f"key_mask must be bool {tuple(k.shape[:-2])}, got {key_mask.dtype} {tuple(key_mask.shape)}")
+    compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        inputs = [t.to(compute_dtype) for t in (q, k, v, temp_same, temp_opp)]
+        q_, k_, v_, temp_same_, temp_opp_ = inputs
+        batch = q.shape[:-2]
+        q_ = q_.reshape(-1, *q.shape[-2:])  # [P, heads, d]
+        k_, v_ = (x.reshape(-1, *k.shape[-3:]) for x in (k_, v_))  # [P, keys, heads, d]
+        visible = None if key_mask is None else key_mask.reshape(-1, k.shape[-3], 1).to(compute_dtype)
+        out = _PolarityViewAttention.apply(q_, k_, v_, temp_same_, temp_opp_, visible)
+    return out.reshape(*batch, *q.shape[-2:]).to(q.dtype)

@@ -1,0 +1,49 @@
+"""The benchmark scripts count what they claim: FLOPs of both models, including softmax attention."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import torch
+
+from pola_gnt.attention.modules import SoftmaxRayAttention
+from pola_gnt.paths import PROJECT_ROOT
+
+
+def _bench_render():
+    spec = importlib.util.spec_from_file_location("bench_render", PROJECT_ROOT / "scripts" / "bench_render.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_softmax_ray_attention_flops_include_the_quadratic_term():
+    """GNT's ray attention on the CPU: projections plus 4 S^2 dim per ray (QK^T and AV), forward;
+    the CPU SDPA kernel is otherwise invisible to FlopCounterMode."""
+    bench = _bench_render()
+    dim, rays = 64, 2
+    attention = SoftmaxRayAttention(dim, heads=4)
+    for samples in (32, 256):
+        tokens = torch.randn(rays, samples, dim)
+        projections = 2 * rays * samples * dim * (3 * dim + dim)
+        quadratic = 4 * rays * samples * samples * dim
+        assert bench.counted_gflop(lambda: attention(tokens)) * 1e9 == projections + quadratic
+        tokens.requires_grad_(True)
+        assert bench.counted_gflop(lambda: attention(tokens).sum().backward()) * 1e9 > 3 * (projections + quadratic)
+
+
+def test_bench_render_runs_both_models_and_reports_ratios(tmp_path, capsys):
+    bench = _bench_render()
+    out = tmp_path / "bench.json"
+    bench.main(["--out", str(out), "--samples", "8", "24", "--rays", "2", "--views", "3",
+                "--width", "16", "--blocks", "1", "--repeats", "1"])
+    rows = json.loads(out.read_text())
+    assert {(row["model"], row["n_samples"]) for row in rows} == {
+        (kind, samples) for kind in ("gnt", "pola_gnt") for samples in (8, 24)
+    }
+    gnt = {row["n_samples"]: row["gflop_per_ray"] for row in rows if row["model"] == "gnt"}
+    # GNT's ray attention is quadratic in the samples: the FLOPs per ray grow faster than the samples.
+    assert gnt[24] / gnt[8] > 3.0
+    assert all(row["render_rays_per_s"] > 0 and row["train_gflop_per_s"] > 0 for row in rows)
+    assert "Pola-GNT / GNT" in capsys.readouterr().out
