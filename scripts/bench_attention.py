@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
 import torch
 import torch.nn.functional as F
 

@@ -36,6 +36,7 @@ from contextlib import nullcontext
 from typing import Callable
 from pathlib import Path
 
+import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
 import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils import flop_counter

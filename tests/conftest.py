@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
 import torch
 
 from pola_gnt.paths import PROJECT_ROOT

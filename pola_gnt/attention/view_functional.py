@@ -99,17 +99,20 @@ def _key_parts(k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _weights(keys_plus: Tensor, keys_minus: Tensor, terms: _QueryTerms) -> Tensor:
-    """Unnormalised weights `[P, views, 2 * heads]` (stream-major) of every view."""
-    products = keys_plus.unsqueeze(2) * terms.plus.unsqueeze(1)  # [P, views, 2, heads, d]
-    products.addcmul_(keys_minus.unsqueeze(2), terms.minus.unsqueeze(1))
-    return products.sum(dim=-1).flatten(2)
+    """Unnormalised weights `[P, views, 2 * heads]` (stream-major) of every view: per point,
+    `K+ @ blocks(plus)^T + K- @ blocks(minus)^T` sums each head's channels."""
+    points, views, heads, d = keys_plus.shape
+    weights = torch.bmm(keys_plus.view(points, views, heads * d), _block_diagonal(terms.plus).transpose(1, 2))
+    return weights.baddbmm_(keys_minus.view(points, views, heads * d), _block_diagonal(terms.minus).transpose(1, 2))
 
 
-def _sum_over_views(grad_weights: Tensor, keys: Tensor) -> Tensor:
-    """`sum_j grad_weights[:, j, stream, h] keys[:, j, h, :]`: `[P, views, 2 * heads]`, `[P, views, heads, d]`
-    -> `[P, 2, heads, d]` (elementwise: a batched matmul with inner size `views` is slow on the CPU)."""
-    per_stream = grad_weights.unflatten(-1, (2, -1)).unsqueeze(-1)  # [P, views, 2, heads, 1]
-    return (per_stream * keys.unsqueeze(2)).sum(dim=1)
+def _sum_over_views(grad_weights_t: Tensor, keys: Tensor) -> Tensor:
+    """`sum_j grad_weights[:, j, stream, h] keys[:, j, h, :]` -> `[P, 2, heads, d]`, from the transposed
+    weights `[P, 2 * heads, views]` and `keys` `[P, views, heads, d]` (one batched matmul, then the
+    diagonal head blocks)."""
+    points, views, heads, d = keys.shape
+    products = torch.bmm(grad_weights_t, keys.view(points, views, heads * d))  # [P, 2 * heads, heads * d]
+    return products.view(points, 2, heads, heads, d).diagonal(dim1=2, dim2=3).transpose(-1, -2)
 
 
 class _PolarityViewAttention(torch.autograd.Function):
@@ -159,8 +162,9 @@ class _PolarityViewAttention(torch.autograd.Function):
             unclamped_k = (k.abs() <= EXPONENT_CLAMP).to(k.dtype)
             grad_k = grad_keys.mul_(keys_plus + keys_minus + 1).mul_(unclamped_k).mul_(sign_k)
 
-            grad_features = _sum_over_views(grad_weights, keys_plus).mul_(terms.meets_plus)
-            grad_features.addcmul_(_sum_over_views(grad_weights, keys_minus), terms.meets_minus)  # [P, 2, heads, d]
+            grad_weights_t = grad_weights.transpose(1, 2).contiguous()  # [P, 2 * heads, views]
+            grad_features = _sum_over_views(grad_weights_t, keys_plus) * terms.meets_plus
+            grad_features.addcmul_(_sum_over_views(grad_weights_t, keys_minus), terms.meets_minus)  # [P, 2, heads, d]
             grad_exponents = grad_features.mul_(terms.features + 1).mul_(terms.unclamped)
             grad_q = (grad_exponents * terms.temperatures).sum(dim=1) * terms.sign
 
@@ -168,10 +172,11 @@ class _PolarityViewAttention(torch.autograd.Function):
             grad_temp_same = grad_temp_opp = None
             if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
                 slopes = grad_exponents * terms.magnitude.unsqueeze(1)  # [P, 2, heads, d]
-                positive, negative = _sign_parts(terms.sign)
-                on_positive, on_negative = slopes * positive.unsqueeze(1), slopes * negative.unsqueeze(1)
-                grad_temp_same = torch.cat([on_positive[:, 0], on_negative[:, 0]], dim=-1).sum_to_size(temp_same.shape)
-                grad_temp_opp = torch.cat([on_negative[:, 1], on_positive[:, 1]], dim=-1).sum_to_size(temp_opp.shape)
+                positive, _ = _sign_parts(terms.sign)
+                on_positive = (slopes * positive.unsqueeze(1)).sum(dim=0)  # [2, heads, d]
+                on_negative = slopes.sum(dim=0) - on_positive
+                grad_temp_same = torch.cat([on_positive[0], on_negative[0]], dim=-1).sum_to_size(temp_same.shape)
+                grad_temp_opp = torch.cat([on_negative[1], on_positive[1]], dim=-1).sum_to_size(temp_opp.shape)
         return grad_q, grad_k, grad_v, grad_temp_same, grad_temp_opp, None
 
 
