@@ -173,3 +173,20 @@ def test_bf16_autocast_modules_are_finite():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = module(100 * torch.randn(RAYS, SAMPLES, DIM), None)
         assert torch.isfinite(out.float()).all(), name
+
+
+def test_lepe_shifted_sums_equal_the_depthwise_convolution():
+    """The channels-last LePE computes exactly `Conv1d(groups=channels)` along the samples, with gradients."""
+    from torch import nn
+
+    from pola_gnt.attention.modules import depthwise_conv_along_samples
+
+    conv = nn.Conv1d(12, 12, kernel_size=5, padding=2, groups=12).double()
+    x = torch.randn(3, 9, 12, dtype=torch.float64, requires_grad=True)
+    ours = depthwise_conv_along_samples(x, conv)
+    reference = conv(x.transpose(-1, -2)).transpose(-1, -2)
+    torch.testing.assert_close(ours, reference)
+    grad = torch.randn_like(ours)
+    for a, b in zip(torch.autograd.grad(ours, (x, *conv.parameters()), grad),
+                    torch.autograd.grad(reference, (x, *conv.parameters()), grad)):
+        torch.testing.assert_close(a, b)

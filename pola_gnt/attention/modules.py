@@ -44,6 +44,21 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(-2, -3).flatten(-2)
 
 
+def depthwise_conv_along_samples(x: Tensor, conv: nn.Conv1d) -> Tensor:
+    """`conv(x^T)^T` for `x` `[..., samples, channels]` and a depthwise, zero-padded, odd-sized `conv`,
+    as a sum of shifted copies scaled per channel: it stays in the channels-last layout, and on the
+    CPU it is several times faster than PyTorch's depthwise convolution (its backward especially)."""
+    kernel = conv.kernel_size[0]
+    pad = kernel // 2
+    samples = x.shape[-2]
+    padded = F.pad(x, (0, 0, pad, pad))  # [..., samples + 2 pad, channels]
+    weight = conv.weight[:, 0, :].t()  # [kernel, channels]
+    out = padded[..., :samples, :] * weight[0]
+    for offset in range(1, kernel):
+        out = out + padded[..., offset:offset + samples, :] * weight[offset]
+    return out if conv.bias is None else out + conv.bias
+
+
 def _check_heads(dim: int, heads: int, even_head_dim: bool = False) -> None:
     if heads < 1 or dim % heads:
         raise ValueError(f"dim ({dim}) must be divisible by heads ({heads})")
@@ -205,7 +220,7 @@ class PolaRayAttention(PolaAttentionBase):
         if self.lepe is not None:
             if sample_mask is not None:
                 v = v * sample_mask.unsqueeze(-1).to(v.dtype)
-            attended = attended + self.lepe(v.transpose(-1, -2)).transpose(-1, -2)
+            attended = attended + depthwise_conv_along_samples(v, self.lepe)
         return self._gated_output(attended, gate)
 
 

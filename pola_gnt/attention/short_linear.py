@@ -7,9 +7,8 @@ with `K = expm1(min(|k|, B))` and `G = sign(k) K`, the key features are
 
     [k+ part, k- part] = [(K + G) / 2, (K - G) / 2]            (exact: each is K or 0)
 
-and a query channel's feature `F = expm1(min(t |q|, B))` goes to its `q+` or `q-` slot the same way,
-with `s = sign(q)` for the same-sign stream and `s = -sign(q)` for the opposite-sign one (which pairs
-`q+` with `k-`): `[(F + s F) / 2, (F - s F) / 2]`. The parts are kept apart (rather than summing the
+and the query features are `expm1(temp_same * [q+, q-])` (same-sign stream) and
+`expm1(temp_opp * [q-, q+])` (opposite-sign stream, which pairs `q+` with `k-`). The parts are kept apart (rather than summing the
 signed `G` into one statistic) so that no sum over keys cancels: every weight is a sum of
 non-negative terms. Both streams share the key statistic `[k+ part, k- part]^T [v, 1]`.
 Numerics as in `functional`.
@@ -27,25 +26,21 @@ from pola_gnt.attention.functional import EPSILON, EXPONENT_CLAMP, expm1_
 
 
 class _QueryFeatures:
-    """Both streams' signed query features `[..., 2 (stream), Nq, 2d]` and what backward needs."""
+    """Both streams' query features `[..., 2 (stream), Nq, 2d]`, with columns in the order of the key
+    rows they meet (`k+` part, then `k-` part): same-sign `expm1(temp_same * [q+, q-])`, opposite-sign
+    `expm1(temp_opp * [q-, q+])`. Also what backward needs."""
 
     def __init__(self, q: Tensor, temp_same: Tensor, temp_opp: Tensor):
         d = q.shape[-1]
-        self.sign = torch.sign(q)  # [..., Nq, d]
-        self.magnitude = q.abs()
-        positive = (self.sign > 0).to(q.dtype)
-        # Temperature of the non-zero part of each channel: same-sign q+ -> temp_same[:d], q- -> [d:];
-        # opposite-sign q+ -> temp_opp[d:], q- -> temp_opp[:d]. Temperatures are [..., 1, 2d].
-        temp_s = temp_same[..., d:] + positive * (temp_same[..., :d] - temp_same[..., d:])
-        temp_o = temp_opp[..., :d] + positive * (temp_opp[..., d:] - temp_opp[..., :d])
-        self.temperatures = torch.stack([temp_s, temp_o], dim=-3)  # [..., 2, Nq, d]
-        exponents = self.temperatures * self.magnitude.unsqueeze(-3)
+        self.parts = q.new_empty(*q.shape[:-2], 2, q.shape[-2], 2 * d)
+        torch.clamp(q, min=0.0, out=self.parts[..., 0, :, :d])  # q+
+        torch.clamp(-q, min=0.0, out=self.parts[..., 0, :, d:])  # q-
+        self.parts[..., 1, :, :d] = self.parts[..., 0, :, d:]
+        self.parts[..., 1, :, d:] = self.parts[..., 0, :, :d]
+        self.temperatures = torch.stack(torch.broadcast_tensors(temp_same, temp_opp), dim=-3)  # [..., 2, 1, 2d]
+        exponents = self.parts * self.temperatures
         self.unclamped = (exponents <= EXPONENT_CLAMP).to(q.dtype)
-        self.features = expm1_(exponents.clamp_(max=EXPONENT_CLAMP))  # [Fs, Fo]
-        self.stream_sign = torch.stack([self.sign, -self.sign], dim=-3)  # [..., 2, Nq, d]
-        half = 0.5 * self.features
-        signed = half * self.stream_sign
-        self.signed = torch.cat([half + signed, half - signed], dim=-1)  # [..., 2, Nq, 2d]: [q+ slot, q- slot]
+        self.features = expm1_(exponents.clamp_(max=EXPONENT_CLAMP))
 
 
 def _key_features(k: Tensor, visible: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -83,7 +78,7 @@ class _ShortPolarityAttention(torch.autograd.Function):
         key_features, _ = _key_features(k, visible)
         key_stats = key_features.transpose(-1, -2) @ _with_ones(v)  # [..., 2d, d + 1]
         queries = _QueryFeatures(q, temp_same, temp_opp)
-        result = queries.signed @ _stream_stats(key_stats)  # [..., 2, Nq, d/2 + 1]
+        result = queries.features @ _stream_stats(key_stats)  # [..., 2, Nq, d/2 + 1]
         out = result[..., :-1] / (result[..., -1:] + EPSILON)
         ctx.save_for_backward(q, k, v, temp_same, temp_opp, visible, key_features, key_stats, out)
         return out.transpose(-3, -2).flatten(-2)  # [..., Nq, d]: same-sign channels first
@@ -96,29 +91,24 @@ class _ShortPolarityAttention(torch.autograd.Function):
             grad_out = grad_out.to(q.dtype).unflatten(-1, (2, d // 2)).transpose(-3, -2)  # [..., 2, Nq, d/2]
             queries = _QueryFeatures(q, temp_same, temp_opp)
             stats = _stream_stats(key_stats)
-            denominators = (queries.signed @ stats[..., -1:]) + EPSILON  # [..., 2, Nq, 1]
+            denominators = (queries.features @ stats[..., -1:]) + EPSILON  # [..., 2, Nq, 1]
             # out = num / den: d num = g / den, d den = -(g . out) / den.
             grad_result = torch.cat([grad_out, -(grad_out * out).sum(dim=-1, keepdim=True)], dim=-1) / denominators
-            grad_key_stats = _stream_stats_backward(queries.signed.transpose(-1, -2) @ grad_result)  # [..., 2d, d + 1]
-            grad_signed = grad_result @ stats.transpose(-1, -2)  # [..., 2, Nq, 2d]
-
-            # Queries: signed = [F (1 + s) / 2, F (1 - s) / 2], s = +-1 (F = 0 where q = 0).
-            # Selected by 0/1 factors, not as (a + b) / 2 +- (a - b) / 2, which would cancel digits.
-            in_plus = queries.stream_sign.clamp(min=0.0)
-            in_minus = (-queries.stream_sign).clamp_(min=0.0)
-            grad_features = (grad_signed[..., :d] * in_plus).addcmul_(grad_signed[..., d:], in_minus)
-            grad_exponents = grad_features.mul_(queries.features + 1).mul_(queries.unclamped)  # [..., 2, Nq, d]
-            grad_q = (grad_exponents * queries.temperatures).sum(dim=-3) * queries.sign
+            grad_key_stats = _stream_stats_backward(queries.features.transpose(-1, -2) @ grad_result)  # [..., 2d, d + 1]
+            grad_features = grad_result @ stats.transpose(-1, -2)  # [..., 2, Nq, 2d]
+            grad_exponents = grad_features.mul_(queries.features + 1).mul_(queries.unclamped)
+            # Back to [q+, q-]: the opposite-sign stream holds them swapped.
+            grad_parts = grad_exponents * queries.temperatures
+            grad_plus = grad_parts[..., 0, :, :d] + grad_parts[..., 1, :, d:]
+            grad_minus = grad_parts[..., 0, :, d:] + grad_parts[..., 1, :, :d]
+            # relu slopes as exact 0/1 factors (0 at q = 0, like relu's gradient).
+            sign_q = torch.sign(q)
+            grad_q = (grad_plus * sign_q.clamp(min=0.0)).sub_(grad_minus * (-sign_q).clamp_(min=0.0))
             grad_temp_same = grad_temp_opp = None
             if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
-                slopes = grad_exponents * queries.magnitude.unsqueeze(-3)  # d t = d z |q|
-                positive = (queries.sign > 0).to(q.dtype).unsqueeze(-3)
-                on_positive = (slopes * positive).sum(dim=-2, keepdim=True)  # [..., 2, 1, d]
-                on_negative = slopes.sum(dim=-2, keepdim=True) - on_positive
-                grad_temp_same = torch.cat([on_positive[..., 0, :, :], on_negative[..., 0, :, :]], dim=-1)
-                grad_temp_opp = torch.cat([on_negative[..., 1, :, :], on_positive[..., 1, :, :]], dim=-1)
-                grad_temp_same = grad_temp_same.sum_to_size(temp_same.shape)
-                grad_temp_opp = grad_temp_opp.sum_to_size(temp_opp.shape)
+                grad_temps = (grad_exponents * queries.parts).sum(dim=-2, keepdim=True)  # [..., 2, 1, 2d]
+                grad_temp_same = grad_temps[..., 0, :, :].sum_to_size(temp_same.shape)
+                grad_temp_opp = grad_temps[..., 1, :, :].sum_to_size(temp_opp.shape)
 
             # Keys: key_stats = [(K + G) / 2, (K - G) / 2]^T [v, 1] with G = sign(k) K.
             grad_v = key_features @ grad_key_stats[..., :d]
