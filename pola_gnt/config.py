@@ -3,10 +3,11 @@ as one `error:` line with exit code 2."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pola_gnt.errors import exit_on_user_error
 from pola_gnt.paths import PROJECT_ROOT
@@ -16,10 +17,24 @@ CONFIG_DIR = str(PROJECT_ROOT / "conf")
 CONFIG_NAME = "config"
 
 
-def entry_point(task: Callable[[DictConfig], object]) -> Callable[[], object]:
-    """`@entry_point` on `def main(cfg)`: a Hydra app over the project config."""
+def _folder_name(path: str | None) -> str:
+    """`${folder_name:${.path}}` (conf/scene/llff.yaml): a scene's name from its folder."""
+    if not path:
+        raise ValueError("scene=llff needs scene.path=DIR (or scene.name=NAME under data.root)")
+    return Path(str(path)).expanduser().resolve().name
+
+
+if not OmegaConf.has_resolver("folder_name"):
+    OmegaConf.register_new_resolver("folder_name", _folder_name)
+
+
+def entry_point(task: Callable[[DictConfig], object] | None = None, *, config_name: str = CONFIG_NAME):
+    """`@entry_point` on `def main(cfg)`: a Hydra app over the project config (or over
+    `conf/<config_name>.yaml` with `@entry_point(config_name=...)`)."""
+    if task is None:
+        return lambda function: entry_point(function, config_name=config_name)
     configure_cpu_allocator()
-    return hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=CONFIG_NAME)(
+    return hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=config_name)(
         exit_on_user_error(task)
     )
 

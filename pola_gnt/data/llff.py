@@ -239,6 +239,7 @@ def downsample_folder(source: Path, target: Path, factor: int) -> None:
     """Area-downsample every image of `source` by `factor` into `target` (PNG), atomically."""
     files = list_images(source)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private
     try:
         for file in files:
             image = torch.from_numpy(read_image(file)).permute(2, 0, 1)[None].float()  # [1, 3, H, W]

@@ -1,0 +1,209 @@
+"""Structure from motion with pycolmap (COLMAP's bindings) and the conversion of its model to LLFF.
+
+SIFT features -> exhaustive or sequential matching -> incremental mapping, the largest model kept.
+Forward-facing captures have small baselines: COLMAP's default initialisation (a pair seen at a
+16 degree triangulation angle or more) can fail to start a model, or a model starts and the focal
+length runs away. When COLMAP's defaults leave images out, two more attempts follow: a relaxed
+initialisation, then mapping with the focal length held at COLMAP's initial guess and a final
+bundle adjustment that refines it. The attempt that registers the most images wins.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pola_gnt.errors import UserError
+
+CAMERA_MODELS = ("SIMPLE_RADIAL", "RADIAL", "SIMPLE_PINHOLE")  # one focal length: fx = fy, as LLFF
+CAMERA_MODES = ("single", "per_image")
+MATCHING = ("auto", "exhaustive", "sequential")
+EXHAUSTIVE_MAX_IMAGES = 200  # "auto" matching: exhaustive up to this many photos, else sequential
+LLFF_PERCENTILES = (0.1, 99.9)  # near / far: percentiles of the depths of the points a view sees (LLFF)
+INSTALL_HINT = "pip install -e '.[capture]' (or: pip install pycolmap)"
+
+
+def import_pycolmap():
+    try:
+        import pycolmap
+    except ImportError:
+        raise UserError(f"process_data needs pycolmap, which is not installed: {INSTALL_HINT}") from None
+    pycolmap.logging.minloglevel = 2  # COLMAP's own log: errors only
+    return pycolmap
+
+
+@dataclass
+class SfmOptions:
+    camera: str = "single"  # single: one camera shared by every image; per_image: one each
+    camera_model: str = "SIMPLE_RADIAL"
+    matching: str = "exhaustive"  # exhaustive | sequential (resolved from "auto" by the caller)
+    max_image_size: int = 3200  # SIFT on images downscaled to at most this size (COLMAP's default)
+    threads: int = -1
+    seed: int = 0
+
+
+@dataclass
+class Attempt:
+    name: str
+    registered: int
+    points: int
+
+
+@dataclass
+class SfmResult:
+    reconstruction: object  # pycolmap.Reconstruction, the largest model
+    attempts: list[Attempt] = field(default_factory=list)
+
+
+def mapper_attempts(pycolmap, options: SfmOptions) -> list[tuple[str, object, bool]]:
+    """(name, IncrementalPipelineOptions, refine the focal length afterwards) in the order tried."""
+
+    def base():
+        pipeline = pycolmap.IncrementalPipelineOptions()
+        pipeline.num_threads = options.threads
+        pipeline.random_seed = options.seed
+        return pipeline
+
+    default = base()
+    relaxed = base()
+    relaxed.mapper.init_min_tri_angle = 4.0  # COLMAP: 16 degrees, rare with forward-facing captures
+    relaxed.mapper.init_min_num_inliers = 50  # COLMAP: 100
+    relaxed.min_num_matches = 10
+    fixed_focal = base()
+    fixed_focal.mapper.init_min_tri_angle = 4.0
+    fixed_focal.mapper.init_min_num_inliers = 50
+    fixed_focal.min_num_matches = 10
+    fixed_focal.ba_refine_focal_length = False  # small baselines: a free focal length can run away
+    return [("COLMAP defaults", default, False), ("relaxed initialisation", relaxed, False),
+            ("focal length held, then refined", fixed_focal, True)]
+
+
+def run_sfm(image_dir: Path, work_dir: Path, n_images: int, options: SfmOptions,
+            say: Callable[[str], None], progress) -> SfmResult:
+    """Features, matching and incremental mapping of every image in `image_dir`."""
+    pycolmap = import_pycolmap()
+    database = work_dir / "database.db"
+    device = pycolmap.Device.cpu
+    reader = pycolmap.ImageReaderOptions()
+    reader.camera_model = options.camera_model
+    extraction = pycolmap.FeatureExtractionOptions()
+    extraction.num_threads = options.threads
+    extraction.max_image_size = options.max_image_size
+    mode = pycolmap.CameraMode.SINGLE if options.camera == "single" else pycolmap.CameraMode.PER_IMAGE
+    say(f"features: SIFT on {n_images} images ({options.camera} camera, {options.camera_model})")
+    pycolmap.extract_features(database, image_dir, camera_mode=mode, reader_options=reader,
+                              extraction_options=extraction, device=device)
+    matching = pycolmap.FeatureMatchingOptions()
+    matching.num_threads = options.threads
+    say(f"matching: {options.matching}")
+    if options.matching == "sequential":
+        pycolmap.match_sequential(database, matching_options=matching, device=device)
+    else:
+        pycolmap.match_exhaustive(database, matching_options=matching, device=device)
+
+    best, attempts = None, []
+    for i, (name, pipeline, refine_focal) in enumerate(mapper_attempts(pycolmap, options)):
+        say(f"mapping: {name}")
+        model_dir = work_dir / f"sparse_{i}"
+        model_dir.mkdir()
+        bar = progress(total=n_images, desc="registered", unit="image")
+        models = pycolmap.incremental_mapping(database, image_dir, model_dir, options=pipeline,
+                                              next_image_callback=lambda: bar.update(1))
+        bar.close()
+        model = max(models.values(), key=_model_size, default=None)
+        if model is not None and refine_focal:
+            adjustment = pycolmap.BundleAdjustmentOptions()
+            adjustment.refine_focal_length = True
+            adjustment.refine_extra_params = True
+            adjustment.print_summary = False
+            pycolmap.bundle_adjustment(model, adjustment)
+        registered, points = _model_size(model) if model is not None else (0, 0)
+        attempts.append(Attempt(name, registered, points))
+        say(f"mapping: {name}: {registered} of {n_images} images registered, {points} points")
+        if model is not None and (best is None or _model_size(model) > _model_size(best)):
+            best = model
+        if registered == n_images:
+            break
+    return SfmResult(best, attempts)
+
+
+def _model_size(model) -> tuple[int, int]:
+    return model.num_reg_images(), model.num_points3D()
+
+
+def registered_images(reconstruction) -> dict[str, object]:
+    """Image name -> pycolmap.Image of every registered image."""
+    return {image.name: image for image in reconstruction.images.values() if image.has_pose}
+
+
+def camera_to_world(image) -> np.ndarray:
+    """OpenCV camera-to-world `[4, 4]` of a registered pycolmap image."""
+    c2w = np.eye(4)
+    c2w[:3, :4] = image.cam_from_world().inverse().matrix()
+    return c2w
+
+
+RELIABLE_TRACK_LENGTH = 3  # points for the bounds: seen by at least 3 views,
+RELIABLE_ERROR_PX = 1.0  # reprojected within 1 px,
+RELIABLE_ANGLE_DEG = 2.0  # triangulated from rays at least 2 degrees apart;
+RELIABLE_MIN_POINTS = 20  # a view that sees fewer such points uses all of its points
+
+
+def reliable_points(reconstruction) -> set[int]:
+    """Ids of the well-triangulated points. With a few hundred points per view, LLFF's 0.1 / 99.9
+    percentiles are a view's extreme points, and the badly triangulated ones would set them."""
+    centres = {image_id: camera_to_world(image)[:3, 3] for image_id, image in registered_images_by_id(reconstruction).items()}
+    reliable = set()
+    for point_id, point in reconstruction.points3D.items():
+        views = [element.image_id for element in point.track.elements]
+        if len(views) < RELIABLE_TRACK_LENGTH or point.error > RELIABLE_ERROR_PX:
+            continue
+        rays = point.xyz[None] - np.stack([centres[view] for view in views])
+        rays /= np.linalg.norm(rays, axis=1, keepdims=True)
+        if np.degrees(np.arccos(np.clip((rays @ rays.T).min(), -1.0, 1.0))) >= RELIABLE_ANGLE_DEG:
+            reliable.add(point_id)
+    return reliable
+
+
+def registered_images_by_id(reconstruction) -> dict[int, object]:
+    return {image_id: image for image_id, image in reconstruction.images.items() if image.has_pose}
+
+
+def view_bounds(reconstruction, image, reliable: set[int]) -> tuple[float, float]:
+    """LLFF's near / far of a view: percentiles of the camera z-depths of the (reliable) points it sees."""
+    w2c = np.linalg.inv(camera_to_world(image))
+    seen = [p.point3D_id for p in image.points2D if p.has_point3D()]
+    if len([point for point in seen if point in reliable]) >= RELIABLE_MIN_POINTS:
+        seen = [point for point in seen if point in reliable]
+    if not seen:
+        raise UserError(f"{image.name}: registered but sees no 3D point; cannot bound its depth")
+    points = np.array([reconstruction.points3D[point].xyz for point in seen])
+    depths = points @ w2c[:3, :3].T[:, 2] + w2c[2, 3]
+    near, far = np.percentile(depths[depths > 0], LLFF_PERCENTILES)
+    return float(near), float(far)
+
+
+def undistorted_cameras(model_dir: Path) -> dict[str, tuple[float, float, float, float, int, int]]:
+    """Image name -> (fx, fy, cx, cy, width, height) of the undistorted (pinhole) model in `model_dir`."""
+    pycolmap = import_pycolmap()
+    model = pycolmap.Reconstruction(str(model_dir))
+    cameras = {}
+    for image in model.images.values():
+        camera = model.cameras[image.camera_id]
+        cameras[image.name] = (float(camera.focal_length_x), float(camera.focal_length_y),
+                               float(camera.principal_point_x), float(camera.principal_point_y),
+                               int(camera.width), int(camera.height))
+    return cameras
+
+
+def common_pinhole(cameras: list[tuple[float, float, float, float, int, int]]) -> tuple[float, int, int]:
+    """Focal and size (f, width, height) of one centred pinhole camera that every view can fill:
+    the median focal length, the largest centred window every image covers at that focal."""
+    focal = float(np.median([camera[0] for camera in cameras]))
+    width = min(2 * min(cx, w - cx) * focal / fx for fx, _, cx, _, w, _ in cameras)
+    height = min(2 * min(cy, h - cy) * focal / fy for _, fy, _, cy, _, h in cameras)
+    return focal, int(math.floor(width + 1e-6)), int(math.floor(height + 1e-6))

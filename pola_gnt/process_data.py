@@ -1,0 +1,235 @@
+"""`python -m pola_gnt.process_data input=PHOTO_DIR|VIDEO out=SCENE_DIR [key=value ...]`
+
+Turns a capture (a folder of photos or a video) into a scene in the LLFF layout with COLMAP
+(pycolmap), ready for `python -m pola_gnt.train scene=llff scene.path=SCENE_DIR`:
+
+- `images/` (undistorted to a pinhole camera, principal point at the centre, full size),
+  `images_4/`, `images_8/` (area filter, as the loader builds them),
+- `poses_bounds.npy` (N x 17: LLFF's `[down, right, back | t | h w f]` and near/far per view from
+  the 0.1 / 99.9 percentiles of the depths of the points the view sees), registered views only,
+- `colmap/sparse/0/` (COLMAP's model, before undistortion), `process_data.json` (summary).
+
+Everything is written into a hidden temporary folder next to `out` and renamed into place at the
+end, so a failure or Ctrl-C never leaves half a scene. Options: conf/process_data.yaml.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import imageio.v3 as iio
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from pola_gnt.config import entry_point
+from pola_gnt.data.capture import is_video, prepare_capture
+from pola_gnt.data.colmap import (
+    CAMERA_MODELS, CAMERA_MODES, EXHAUSTIVE_MAX_IMAGES, MATCHING, SfmOptions, camera_to_world, common_pinhole,
+    import_pycolmap, registered_images, reliable_points, run_sfm, undistorted_cameras, view_bounds,
+)
+from pola_gnt.data.demo_scene import opencv_to_llff
+from pola_gnt.data.llff import downsample_folder, image_folder_name, read_image
+from pola_gnt.errors import UserError
+
+MIN_IMAGES = 3
+DOWNSAMPLED_FACTORS = (4, 8)
+SUMMARY_FILE = "process_data.json"
+
+
+def process_data(source: str | Path, out: str | Path, *, frames: int = 100, camera: str = "single",
+                 camera_model: str = "SIMPLE_RADIAL", matching: str = "auto", max_image_size: int = 3200,
+                 min_registered: float = 0.5, overwrite: bool = False, threads: int = -1, seed: int = 0,
+                 progress: bool = True) -> dict:
+    """Capture -> LLFF scene folder `out`; -> the summary written to `process_data.json`."""
+    started = time.time()
+    source, out = Path(source).expanduser(), Path(out).expanduser()
+    _check_options(camera, camera_model, matching, frames, max_image_size, min_registered)
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
+        raise UserError(f"out: {out} already exists; choose a new folder or add overwrite=true")
+    if not source.exists():
+        raise UserError(f"input: {source} not found")
+    import_pycolmap()  # fail before any work when it is missing
+
+    def say(message: str) -> None:
+        if progress:
+            print(f"[{time.time() - started:6.1f} s] {message}", flush=True)
+
+    def bar(iterable=None, **kwargs):
+        return tqdm(iterable, disable=not progress, leave=False, dynamic_ncols=True, **kwargs)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        work = staging / "work"
+        timings = {}
+        stage = time.time()
+        video = is_video(source)
+        say(f"input: {'frames of the video' if video else 'photos in'} {source}")
+        names = prepare_capture(source, work / "input", frames, bar)
+        timings["input_s"] = time.time() - stage
+        if len(names) < MIN_IMAGES:
+            raise UserError(f"input: {source} gives {len(names)} image(s); structure from motion needs at "
+                            f"least {MIN_IMAGES} overlapping views (LLFF captures have 20-60)")
+        if matching == "auto":
+            matching = "sequential" if video or len(names) > EXHAUSTIVE_MAX_IMAGES else "exhaustive"
+        options = SfmOptions(camera=camera, camera_model=camera_model, matching=matching,
+                             max_image_size=max_image_size, threads=threads, seed=seed)
+        stage = time.time()
+        result = run_sfm(work / "input", work, len(names), options, say, bar)
+        timings["sfm_s"] = time.time() - stage
+        model = result.reconstruction
+        registered = registered_images(model) if model is not None else {}
+        needed = max(MIN_IMAGES, math.ceil(min_registered * len(names)))
+        if len(registered) < needed:
+            raise UserError(_too_few_message(len(registered), len(names), needed, options))
+        kept = sorted(registered)
+        left_out = [name for name in names if name not in registered]
+        if left_out:
+            say(f"not registered, left out ({len(left_out)}): {', '.join(left_out)}")
+
+        stage = time.time()
+        say("writing: colmap/sparse/0 and undistorted images/")
+        model_dir = staging / "colmap" / "sparse" / "0"
+        model_dir.mkdir(parents=True)
+        model.write(str(model_dir))
+        focal, width, height = _write_undistorted(model_dir, work, staging / "images", kept, bar)
+        for factor in DOWNSAMPLED_FACTORS:
+            say(f"writing: {image_folder_name(factor)}/")
+            downsample_folder(staging / "images", staging / image_folder_name(factor), factor)
+        c2w = np.stack([camera_to_world(registered[name]) for name in kept])
+        reliable = reliable_points(model)
+        bounds = np.array([view_bounds(model, registered[name], reliable) for name in kept])
+        np.save(staging / "poses_bounds.npy", poses_bounds_array(c2w, bounds, height, width, focal))
+        timings["write_s"] = time.time() - stage
+
+        camera_info = model.cameras[registered[kept[0]].camera_id]
+        summary = {
+            "input": str(source),
+            "input_kind": "video" if video else "photos",
+            "images_given": len(names),
+            "images_registered": len(kept),
+            "not_registered": left_out,
+            "points": int(model.num_points3D()),
+            "mean_reprojection_error_px": float(model.compute_mean_reprojection_error()),
+            "mean_track_length": float(model.compute_mean_track_length()),
+            "mean_observations_per_image": float(model.compute_mean_observations_per_reg_image()),
+            "camera": camera,
+            "camera_model": camera_model,
+            "camera_params": [float(p) for p in camera_info.params],
+            "matching": matching,
+            "mapping_attempts": [asdict(attempt) for attempt in result.attempts],
+            "resolution": [height, width],
+            "focal_px": focal,
+            "near_far": [float(bounds[:, 0].min()), float(bounds[:, 1].max())],
+            "time_s": {**{k: round(v, 2) for k, v in timings.items()}, "total_s": round(time.time() - started, 2)},
+        }
+        (staging / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        shutil.rmtree(work)
+        _move_into_place(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    say(f"done: {len(kept)} of {len(names)} images registered, {summary['points']} points, "
+        f"{summary['mean_reprojection_error_px']:.2f} px mean reprojection error -> {out}")
+    say(f"train on it: python -m pola_gnt.train scene=llff scene.path={out}")
+    return summary
+
+
+def poses_bounds_array(c2w: np.ndarray, bounds: np.ndarray, height: int, width: int, focal: float) -> np.ndarray:
+    """OpenCV c2w `[views, 4, 4]` + near/far `[views, 2]` -> LLFF's `poses_bounds.npy` rows `[views, 17]`."""
+    poses = opencv_to_llff(c2w)  # [views, 3, 4]
+    hwf = np.tile(np.array([height, width, focal], dtype=np.float64)[None, :, None], (len(c2w), 1, 1))
+    return np.concatenate([np.concatenate([poses, hwf], axis=-1).reshape(len(c2w), 15), bounds], axis=-1)
+
+
+def _write_undistorted(model_dir: Path, work: Path, images_dir: Path, names: list[str], bar) -> tuple[float, int, int]:
+    """Undistort every registered image to a pinhole camera (COLMAP), then bring all of them to one
+    pinhole camera with the principal point at the image centre (what the LLFF loader assumes);
+    -> focal, width, height of `images/`."""
+    pycolmap = import_pycolmap()
+    undistorted = work / "undistorted"
+    pycolmap.undistort_images(str(undistorted), str(model_dir), str(work / "input"), image_names=names)
+    cameras = undistorted_cameras(undistorted / "sparse")
+    focal, width, height = common_pinhole([cameras[name] for name in names])
+    images_dir.mkdir()
+    for name in bar(names, desc="undistorted", unit="image"):
+        fx, fy, cx, cy, w, h = cameras[name]
+        file = undistorted / "images" / name
+        if (w, h) == (width, height) and fx == fy == focal and cx == w / 2 and cy == h / 2:
+            shutil.copyfile(file, images_dir / name)  # COLMAP's undistortion already centres it
+            continue
+        image = resample_pinhole(read_image(file), cameras[name], focal, width, height)
+        iio.imwrite(images_dir / name, image, **({"quality": 95} if name.endswith(".jpg") else {}))
+    return focal, width, height
+
+
+def resample_pinhole(image: np.ndarray, camera: tuple, focal: float, width: int, height: int) -> np.ndarray:
+    """Re-project a pinhole image (`camera` = fx, fy, cx, cy, w, h; COLMAP pixel coordinates, pixel
+    centres at +0.5) into the centred pinhole camera (`focal`, `width`, `height`): bicubic."""
+    fx, fy, cx, cy, w, h = camera
+    xs = (torch.arange(width, dtype=torch.float64) + 0.5 - width / 2) / focal * fx + cx  # source x
+    ys = (torch.arange(height, dtype=torch.float64) + 0.5 - height / 2) / focal * fy + cy
+    grid = torch.stack(torch.meshgrid(2 * ys / h - 1, 2 * xs / w - 1, indexing="ij")[::-1], dim=-1)
+    source = torch.from_numpy(image).permute(2, 0, 1)[None].float()
+    result = F.grid_sample(source, grid[None].float(), mode="bicubic", padding_mode="border", align_corners=False)
+    return result[0].permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8).numpy()
+
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    """Rename the finished `staging` folder to `out` (replacing an old `out` only after success)."""
+    os.chmod(staging, 0o755)  # mkdtemp makes it private
+    if out.exists() and any(out.iterdir()):
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+        os.replace(out, old / out.name)
+        os.replace(staging, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, out)  # an empty `out` folder is replaced
+
+
+def _too_few_message(registered: int, given: int, needed: int, options: SfmOptions) -> str:
+    tips = ["more overlap between neighbouring shots (LLFF-style: step sideways, keep the scene in view)",
+            "sharper images"]
+    if options.matching != "sequential":
+        tips.append("matching=sequential for a video-like order")
+    if options.camera != "per_image":
+        tips.append("camera=per_image if the photos come from different cameras or zoom levels")
+    return (f"only {registered} of {given} images registered, at least {needed} needed "
+            f"(see min_registered); try {'; '.join(tips)}")
+
+
+def _check_options(camera, camera_model, matching, frames, max_image_size, min_registered) -> None:
+    for key, value, allowed in (("camera", camera, CAMERA_MODES), ("camera_model", camera_model, CAMERA_MODELS),
+                                ("matching", matching, MATCHING)):
+        if value not in allowed:
+            raise UserError(f"{key}: unknown value {value!r}; expected one of {', '.join(allowed)}")
+    for key, value in (("frames", frames), ("max_image_size", max_image_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UserError(f"{key}: must be a positive integer, got {value!r}")
+    if not isinstance(min_registered, (int, float)) or not 0 <= min_registered <= 1:
+        raise UserError(f"min_registered: must be a fraction between 0 and 1, got {min_registered!r}")
+
+
+@entry_point(config_name="process_data")
+def main(cfg: DictConfig) -> None:
+    for key in ("input", "out"):
+        if not cfg.get(key):
+            raise UserError(f"{key}: required; usage: python -m pola_gnt.process_data input=PHOTO_DIR|VIDEO "
+                            f"out=SCENE_DIR")
+    process_data(cfg.input, cfg.out, frames=cfg.frames, camera=cfg.camera, camera_model=cfg.camera_model,
+                 matching=cfg.matching, max_image_size=cfg.max_image_size, min_registered=cfg.min_registered,
+                 overwrite=cfg.overwrite, threads=cfg.threads, seed=cfg.seed, progress=cfg.progress and sys.stderr is not None)
+
+
+if __name__ == "__main__":
+    main()
