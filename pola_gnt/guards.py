@@ -85,19 +85,26 @@ class TrainingGuard(Callback):
     def __init__(self, signals: StopSignals | None = None):
         self.signals = signals
 
-    def _check_signals(self) -> None:
-        if self.signals is not None:
-            self.signals.check()
+    def _check_signals(self, trainer=None) -> None:
+        if self.signals is None:
+            return
+        if trainer is not None and trainer.world_size > 1:
+            # DDP: every rank must stop at the same step. Lightning broadcasts rank 0's SIGTERM flag
+            # at the start of each batch and raises on all ranks; a SIGINT joins that path.
+            if self.signals.received is not None:
+                trainer._signal_connector.received_sigterm = True
+            return
+        self.signals.check()
 
     # stop requests: before a batch starts (the previous step, its validation and checkpoint are done)
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._check_signals()
+        self._check_signals(trainer)
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
-        self._check_signals()
+        self._check_signals(trainer)
 
     def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
-        self._check_signals()
+        self._check_signals(trainer)
 
     # non-finite values: the step that produced one is never applied nor saved
     def on_before_backward(self, trainer, pl_module, loss) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import shlex
+import signal
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -53,6 +54,8 @@ class LastCheckpoint(Callback):
     def save(self, trainer: pl.Trainer) -> None:
         if trainer.global_step == self.saved_step or trainer.global_step == 0 or trainer.sanity_checking:
             return
+        for logger in trainer.loggers:  # the logs hold every step up to the checkpoint, even after a SIGKILL
+            logger.save()
         trainer.save_checkpoint(self.path, weights_only=False)  # collective: all ranks call it, rank 0 writes
         self.saved_step = trainer.global_step
 
@@ -105,10 +108,12 @@ class AppendingCSVWriter(ExperimentWriter):
         path = Path(self.metrics_file_path)
         if not path.is_file():
             return
-        with path.open(newline="") as file:
-            reader = csv.DictReader(file)
-            fields = list(reader.fieldnames or [])
-            rows = [row for row in reader if row.get("step", "").isdigit() and int(row["step"]) < self.resume_step]
+        text = path.read_text()
+        if not text.endswith("\n"):  # a row cut short by a kill
+            text = text[: text.rfind("\n") + 1]
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        fields = list(reader.fieldnames or [])
+        rows = [row for row in reader if (row.get("step") or "").isdigit() and int(row["step"]) < self.resume_step]
         if not rows:
             path.unlink()
             return
@@ -174,9 +179,7 @@ def _checkpoint_step(path: Path) -> int | None:
 
 
 def _stopped_by_signal(signum: int, phase: str, trainer: pl.Trainer, run_dir: Path, last: LastCheckpoint) -> RunStopped:
-    import signal as signals
-
-    name = signals.Signals(signum).name
+    name = signal.Signals(signum).name
     last_path = run_dir / CHECKPOINT_DIR / LAST
     saved = _checkpoint_step(last_path)
     where = f"during {phase} at step {trainer.global_step}"
@@ -250,10 +253,8 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, checkpoint: Path | None, resum
         trainer.test(system, datamodule=datamodule, verbose=False)
     except Interrupted as err:
         raise _stopped_by_signal(err.signum, phase, trainer, run_dir, last) from None
-    except SIGTERMException:  # Lightning's own SIGTERM handling (it would exit 0)
-        import signal
-
-        raise _stopped_by_signal(signal.SIGTERM, phase, trainer, run_dir, last) from None
+    except SIGTERMException:  # Lightning's own SIGTERM handling (it would exit 0), and DDP stops
+        raise _stopped_by_signal(signals.received or signal.SIGTERM, phase, trainer, run_dir, last) from None
     except NonFiniteError as err:
         raise _diverged(err, run_dir) from None
     except RuntimeError as err:

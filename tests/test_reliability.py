@@ -273,3 +273,57 @@ def test_metrics_json_is_strict_json_with_null_reasons(tmp_path):
     parsed = json.loads(text, parse_constant=lambda name: pytest.fail(f"non-strict JSON constant {name}"))
     assert parsed == document and parsed["mean"]["psnr"] is None and parsed["per_image"][0]["psnr"] is None
     assert "nan" in parsed["null_reasons"]["mean.psnr"] and "per_image[0].psnr" in parsed["null_reasons"]
+
+
+@pytest.mark.slow
+def test_random_sigkills_then_resume_give_the_uninterrupted_metrics(tmp_path):
+    """SIGKILL at random moments (start-up, training steps, validation, checkpoint and log writes,
+    the test phase), resuming after each: the finished run's metrics and logs equal an uninterrupted one's."""
+    import random
+
+    rng = random.Random(12)
+    steps = ["trainer.max_steps=12"]
+    straight = tmp_path / "straight"
+    done = subprocess.run(_train_command(straight, *steps), cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run_dir, kills = tmp_path / "killed", 0
+    for attempt in range(7):  # six random kills, then a run left to finish
+        resume = ["ckpt_path=last"] if (run_dir / "checkpoints" / "last.ckpt").is_file() else []
+        process = subprocess.Popen(_train_command(run_dir, *steps, *resume), cwd=PROJECT_ROOT,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            process.wait(timeout=rng.uniform(2.0, 20.0) if attempt < 6 else 600)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            kills += 1
+            for file in (run_dir / "checkpoints").glob("*.ckpt"):  # every checkpoint left loads
+                torch.load(file, map_location="cpu", weights_only=False)
+            continue
+        assert process.returncode == 0, process.stderr.read()[-2000:]
+        break
+    else:
+        pytest.fail("the run never finished")
+    assert kills >= 3
+    first, second = metrics(straight), metrics(run_dir)
+    assert second["mean"] == first["mean"] and second["per_image"] == first["per_image"]
+    assert csv_rows(run_dir) == csv_rows(straight)
+
+
+def test_sigkill_during_a_write_leaves_the_old_file_and_a_cleanable_temporary(tmp_path):
+    from pola_gnt.runfiles import clean_temporaries
+
+    target = tmp_path / "last.ckpt"
+    target.write_bytes(b"old checkpoint")
+    code = ("import sys; from pathlib import Path; from pola_gnt.runfiles import write_atomic; "
+            "print('go', flush=True); write_atomic(Path(sys.argv[1]), b'x' * (1 << 31))")
+    process = subprocess.Popen([sys.executable, "-c", code, str(target)], cwd=PROJECT_ROOT, stdout=subprocess.PIPE)
+    assert process.stdout.readline().strip() == b"go"
+    deadline = time.time() + 60
+    while not list(tmp_path.glob(".last.ckpt.*.tmp")) and time.time() < deadline:
+        time.sleep(0.01)
+    process.kill()
+    process.wait()
+    assert target.read_bytes() == b"old checkpoint"
+    assert clean_temporaries(tmp_path) and sorted(tmp_path.iterdir()) == [target]
