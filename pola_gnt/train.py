@@ -159,14 +159,16 @@ def build_trainer(cfg: DictConfig, run_dir: Path, resume_step: int = 0,
                        plugins=[SafeCheckpointIO()])
 
 
-def resume_command(run_dir: Path) -> str:
-    """The command line that resumes this run: the same overrides, `ckpt_path=last` and the run folder."""
+def resume_command(run_dir: Path, resume: bool = True) -> str:
+    """The command line that resumes this run: the same overrides, `ckpt_path=last` (unless there is
+    nothing to resume from) and the run folder."""
     try:
         overrides = list(HydraConfig.get().overrides.task)
     except ValueError:  # called without Hydra (tests)
         overrides = []
     kept = [o for o in overrides if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]
-    return shlex.join(["python", "-m", "pola_gnt.train", *kept, "ckpt_path=last", f"hydra.run.dir={run_dir}"])
+    return shlex.join(["python", "-m", "pola_gnt.train", *kept, *(["ckpt_path=last"] if resume else []),
+                       f"hydra.run.dir={run_dir}"])
 
 
 def _checkpoint_step(path: Path) -> int | None:
@@ -191,6 +193,9 @@ def _stopped_by_signal(signum: int, phase: str, trainer: pl.Trainer, run_dir: Pa
         state = f"{last_path} saved at step {saved}"
         if last.save_error is not None:
             state += f" (the save at step {trainer.global_step} failed: {last.save_error})"
+    if saved is None:
+        return RunStopped(f"{name} {where}; {state}; start again with: {resume_command(run_dir, resume=False)}",
+                          128 + signum, prefix="stopped")
     return RunStopped(f"{name} {where}; {state}; resume with: {resume_command(run_dir)}", 128 + signum,
                       prefix="stopped")
 
@@ -224,6 +229,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             clean_temporaries(run_dir, run_dir / CHECKPOINT_DIR, run_dir / "test_views", run_dir / "csv")
         with StopSignals() as signals:
             return _fit_and_test(cfg, run_dir, checkpoint, resume_step, signals)
+    except Interrupted as err:  # a repeated signal before training started
+        raise RunStopped(f"{signal.Signals(err.signum).name} before training started; nothing was saved; "
+                         f"start again with: {resume_command(run_dir, resume=checkpoint is not None)}",
+                         err.exit_code, prefix="stopped") from None
     except OSError as err:
         if is_disk_error(err):
             raise disk_error(Path(err.filename or run_dir), err) from None
