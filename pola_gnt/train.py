@@ -11,10 +11,26 @@ the command that resumes (exit 143 / 130), a NaN or infinity stops training befo
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
+
+def _stop_during_startup(signum, frame) -> None:
+    """SIGTERM / SIGINT while the libraries load, before anything is saved: one line, 128 + signal."""
+    name = signal.Signals(signum).name
+    print(f"stopped: {name} during start-up; nothing was saved; run the same command again", file=sys.stderr,
+          flush=True)
+    os._exit(128 + signum)
+
+
+if __name__ == "__main__":  # installed before the slow imports; `train()` installs the real handlers
+    for _signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(_signum, _stop_during_startup)
+
 import csv
 import io
 import shlex
-import signal
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -257,8 +273,8 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, checkpoint: Path | None, resum
     try:
         signals.check()
         trainer.fit(system, datamodule=datamodule, ckpt_path=str(checkpoint) if checkpoint else None)
+        phase = "test"  # training is complete from here on: a stop now loses only the metrics
         signals.check()
-        phase = "test"
         trainer.test(system, datamodule=datamodule, verbose=False)
     except Interrupted as err:
         raise _stopped_by_signal(err.signum, phase, trainer, run_dir, last) from None
