@@ -92,6 +92,9 @@ def write_atomic(path: Path, data: bytes | bytearray | memoryview) -> None:
         os.replace(temporary, path)
         temporary = None
     except OSError as err:
+        if temporary is not None:  # removed first, so the free space reported is the real one
+            temporary.unlink(missing_ok=True)
+            temporary = None
         if is_disk_error(err):
             raise disk_error(path, err, needed=len(data)) from None
         raise
