@@ -26,9 +26,25 @@ def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> Path | None:
             raise UserError(f"ckpt_path=last: no checkpoint at {path} (pass hydra.run.dir=RUN_DIR of the training run)")
         return path
     path = Path(ckpt_path).expanduser()
+    if path.is_dir():
+        hint = path / CHECKPOINT_DIR / "last.ckpt" if (path / CHECKPOINT_DIR).is_dir() else path / "last.ckpt"
+        raise UserError(f"ckpt_path: {path} is a folder, not a checkpoint file"
+                        f"{f' (did you mean {hint}?)' if hint.is_file() else ''}")
     if not path.is_file():
         raise UserError(f"ckpt_path: {path}: not found")
     return path
+
+
+def is_state_dict_mismatch(err: BaseException) -> bool:
+    return isinstance(err, RuntimeError) and str(err).startswith("Error(s) in loading state_dict")
+
+
+def state_dict_mismatch(path: Path, err: BaseException) -> UserError:
+    """One line for weights that do not fit the model: PyTorch's whole multi-line message, joined."""
+    details = " ".join(line.strip() for line in str(err).splitlines()[1:] if line.strip()) or type(err).__name__
+    if len(details) > 400:
+        details = details[:397] + "..."
+    return UserError(f"{path}: weights do not fit the model of its run config ({details})")
 
 
 def read_checkpoint(path: Path) -> dict:

@@ -22,7 +22,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from pola_gnt.checkpoints import (
-    command_line_keys, read_checkpoint, resolve_checkpoint, run_config_with_overrides, stored_run_config,
+    command_line_keys, read_checkpoint, resolve_checkpoint, run_config_with_overrides, state_dict_mismatch,
+    stored_run_config,
 )
 from pola_gnt.config import CONFIG_DIR, entry_point, validate_config
 from pola_gnt.data.datamodule import SceneDataModule
@@ -64,8 +65,7 @@ def load_trained_checkpoint(cfg: DictConfig, run_dir: Path, overrides: Sequence[
     try:
         system.load_state_dict(checkpoint["state_dict"], strict=True)
     except RuntimeError as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise UserError(f"{path}: weights do not fit the model of its run config ({reason})") from None
+        raise state_dict_mismatch(path, err) from None
     system.on_load_checkpoint(checkpoint)
     return TrainedCheckpoint(path=path, config=config, system=system)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from torch import Tensor
 from pola_gnt.data.llff import Scene
 from pola_gnt.data.source_views import nearest_views
 from pola_gnt.metrics import ImageMetrics
+from pola_gnt.runfiles import strict_json_values, write_atomic
 
 METRIC_NAMES = ("psnr", "ssim", "lpips")
 BASELINE_METHOD = "nearest_train_image"
@@ -94,21 +94,19 @@ def mean_scores(rows: list[dict]) -> dict[str, float | None]:
 
 
 def metrics_document(header: dict, results: list[ViewResult]) -> dict:
-    """The `metrics.json` content (interface.md): header, mean, baseline, per-image rows."""
+    """The `metrics.json` content (interface.md): header, mean, baseline, per-image rows. Strict JSON:
+    a non-finite score is `null`, and `null_reasons` says which and why."""
     results = sorted(results, key=lambda r: r.index)
-    return {
+    reasons: dict[str, str] = {}
+    document = strict_json_values({
         **header,
         "mean": mean_scores([r.scores for r in results]),
         "baseline": {"method": BASELINE_METHOD, **mean_scores([r.baseline for r in results])},
         "per_image": [r.row() for r in results],
-    }
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file then rename, so an interrupted run never leaves half a file."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_bytes(data)
-    os.replace(temporary, path)
+    }, reasons=reasons)
+    if reasons:
+        document["null_reasons"] = reasons
+    return document
 
 
 def _png_bytes(image: np.ndarray) -> bytes:
@@ -139,10 +137,10 @@ def write_results(out_dir: Path, header: dict, results: list[ViewResult], depth_
                 continue
             stem = Path(result.name).stem
             error = (result.rgb - result.gt).abs().mean(dim=-1, keepdim=True).expand(-1, -1, 3)
-            _write_atomic(views_dir / f"{stem}_pred.png", _png_bytes(to_uint8(result.rgb)))
-            _write_atomic(views_dir / f"{stem}_gt.png", _png_bytes(to_uint8(result.gt)))
-            _write_atomic(views_dir / f"{stem}_error.png", _png_bytes(to_uint8(error)))
-            _write_atomic(views_dir / f"{stem}_depth.png", _png_bytes(colorize_depth(result.depth, *depth_range)))
+            write_atomic(views_dir / f"{stem}_pred.png", _png_bytes(to_uint8(result.rgb)))
+            write_atomic(views_dir / f"{stem}_gt.png", _png_bytes(to_uint8(result.gt)))
+            write_atomic(views_dir / f"{stem}_error.png", _png_bytes(to_uint8(error)))
+            write_atomic(views_dir / f"{stem}_depth.png", _png_bytes(colorize_depth(result.depth, *depth_range)))
     csv_buffer = io.StringIO()
     writer = csv.DictWriter(csv_buffer, fieldnames=["index", "name", *METRIC_NAMES])
     writer.writeheader()
@@ -150,8 +148,8 @@ def write_results(out_dir: Path, header: dict, results: list[ViewResult], depth_
     writer.writerow({"index": "mean", "name": "", **document["mean"]})
     writer.writerow({"index": "baseline", "name": BASELINE_METHOD,
                      **{k: document["baseline"][k] for k in METRIC_NAMES}})
-    _write_atomic(out_dir / "metrics.csv", csv_buffer.getvalue().encode())
-    _write_atomic(out_dir / "metrics.json", (json.dumps(document, indent=2) + "\n").encode())
+    write_atomic(out_dir / "metrics.csv", csv_buffer.getvalue().encode())
+    write_atomic(out_dir / "metrics.json", (json.dumps(document, indent=2, allow_nan=False) + "\n").encode())
     return document
 
 

@@ -1,15 +1,25 @@
-"""`python -m pola_gnt.data [scene=NAME] [data.root=DIR] [data.factor=F]`: load a scene and print a summary."""
+"""`python -m pola_gnt.data [scene=NAME] [data.root=DIR] [data.factor=F]`: load a scene and print a
+summary. Writes nothing (no run folder, no Hydra log); a missing `images_F/` folder is still built
+in the scene folder, as training would."""
+
+import sys
 
 from omegaconf import DictConfig
 
-from pola_gnt.config import entry_point
+from pola_gnt.config import entry_point, validate_config
 from pola_gnt.data.scenes import load_scene
+
+# Given before the user's arguments, so an explicit `hydra.run.dir=...` still wins.
+NO_OUTPUT_OVERRIDES = ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=disabled",
+                       "hydra/hydra_logging=disabled", "~hydra.callbacks.run_folder_check"]
 
 
 @entry_point
 def main(cfg: DictConfig) -> None:
+    validate_config(cfg)
     print(load_scene(cfg.scene, cfg.data).summary())
 
 
 if __name__ == "__main__":
+    sys.argv[1:1] = NO_OUTPUT_OVERRIDES
     main()

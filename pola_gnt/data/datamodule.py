@@ -98,16 +98,39 @@ class TrainSteps(Dataset):
 
 
 class ResumableSampler(Sampler[int]):
-    """Step indices from the trainer's current global step on, so a resumed run continues the sequence."""
+    """Step indices `start() .. end - 1`, where `start` is read when iteration begins: the trainer's
+    global step, so a run resumed at any step continues the sequence exactly.
 
-    def __init__(self, start: int, end: int):
-        self.start, self.end = start, end
+    Its length is always `end` (the whole run is one epoch), so the in-epoch batch index that
+    Lightning restores from a checkpoint counts the same steps; iteration starts at the restored
+    global step whether the checkpoint was written mid-epoch (an interrupted run) or at its end.
+    """
+
+    def __init__(self, start, end: int):
+        self.start = start if callable(start) else (lambda: start)
+        self.end = end
 
     def __iter__(self):
-        return iter(range(self.start, self.end))
+        return iter(range(self.start(), self.end))
 
     def __len__(self) -> int:
-        return max(0, self.end - self.start)
+        return self.end
+
+
+class StepLoader(DataLoader):
+    """The training loader: stateful for Lightning (`state_dict` / `load_state_dict`), so a
+    checkpoint records the next step to draw and a resumed run is checked to continue there."""
+
+    def __init__(self, dataset: TrainSteps, trainer: pl.Trainer):
+        self.trainer = trainer
+        super().__init__(dataset, batch_size=None,
+                         sampler=ResumableSampler(lambda: trainer.global_step, trainer.max_steps))
+
+    def state_dict(self) -> dict:
+        return {"next_step": int(self.trainer.global_step)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.restored_step = int(state.get("next_step", self.trainer.global_step))
 
 
 class ValidationRays(Dataset):
@@ -175,7 +198,7 @@ class SceneDataModule(pl.LightningDataModule):
         trainer = self.trainer
         dataset = TrainSteps(self.scene, self.cfg.data, self.cfg.render.n_samples, trainer.max_steps,
                              self.cfg.seed, trainer.global_rank)
-        return DataLoader(dataset, batch_size=None, sampler=ResumableSampler(trainer.global_step, trainer.max_steps))
+        return StepLoader(dataset, trainer)
 
     def val_dataloader(self) -> DataLoader:
         dataset = ValidationRays(self.scene, self.cfg.data, self.cfg.render.n_samples, self.cfg.seed)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import math
 import os
 import shutil
@@ -37,6 +38,7 @@ import torch
 from torch import Tensor
 
 from pola_gnt.errors import UserError
+from pola_gnt.runfiles import write_atomic
 from pola_gnt.render.rays import pixel_grid, pixel_rays
 
 # Full-resolution camera like fern's (hwf in poses_bounds.npy); only downsampled folders are written.
@@ -437,16 +439,9 @@ def _to_uint8(rgb: np.ndarray) -> np.ndarray:
 
 
 def _write_poses_bounds(scene_dir: Path) -> None:
-    target = scene_dir / "poses_bounds.npy"
-    handle, temp_name = tempfile.mkstemp(prefix=".poses_bounds.", suffix=".npy", dir=scene_dir)
-    try:
-        with os.fdopen(handle, "wb") as file:
-            np.save(file, demo_poses_bounds())
-        os.chmod(temp_name, 0o644)  # mkstemp makes it private
-        os.replace(temp_name, target)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
+    buffer = io.BytesIO()
+    np.save(buffer, demo_poses_bounds())
+    write_atomic(scene_dir / "poses_bounds.npy", buffer.getbuffer())
 
 
 def _write_images(scene_dir: Path, factor: int) -> None:

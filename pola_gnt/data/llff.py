@@ -17,11 +17,14 @@ import imageio.v3 as iio
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch import Tensor
 
 from pola_gnt.errors import UserError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
+OTHER_COLOUR_SPACES = ("CMYK", "YCbCr", "LAB", "HSV")
+ROTATION_TOLERANCE = 1e-2  # max |R^T R - I| of a pose rotation (COLMAP's are exact to ~1e-7 in float32)
 
 
 @dataclass
@@ -94,9 +97,7 @@ def load_llff_scene(path: str | Path, factor: int = 8, llffhold: int = 8, name: 
     image_dir = ensure_image_folder(path, factor)
     image_files = list_images(image_dir)
     if len(image_files) != len(poses_llff):
-        raise UserError(
-            f"{path / 'poses_bounds.npy'}: {len(poses_llff)} poses but {len(image_files)} images in {image_dir}"
-        )
+        raise UserError(count_mismatch(path / "poses_bounds.npy", len(poses_llff), image_files, image_dir))
     images = read_images(image_files)
     height, width = images.shape[1:3]
 
@@ -144,7 +145,25 @@ def read_poses_bounds(file: Path) -> tuple[np.ndarray, np.ndarray]:
         raise UserError(f"{file}: near/far bounds must be positive with near < far")
     if np.any(poses[:, :, 4] <= 0):
         raise UserError(f"{file}: height, width and focal must be positive")
+    rotations = poses[:, :, :3]
+    error = np.abs(np.swapaxes(rotations, 1, 2) @ rotations - np.eye(3)).max(axis=(1, 2))
+    bad = np.flatnonzero(error > ROTATION_TOLERANCE)
+    if len(bad):
+        views = ", ".join(str(i) for i in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise UserError(f"{file}: the rotation of view(s) {views} is not orthonormal "
+                        f"(max |R^T R - I| = {error[bad].max():.3g}); poses must be camera rotations")
     return poses, bounds
+
+
+def count_mismatch(poses_file: Path, n_poses: int, image_files: list[Path], image_dir: Path) -> str:
+    """The message for a poses / images count mismatch, naming the files without a pose. LLFF pairs
+    poses with the images in sorted name order, so the extra images are the last ones."""
+    message = f"{poses_file}: {n_poses} poses but {len(image_files)} images in {image_dir}"
+    if len(image_files) > n_poses:
+        extra = [f.name for f in image_files[n_poses:]]
+        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        return f"{message}; without a pose (in sorted order): {shown}"
+    return f"{message}; poses {len(image_files)}..{n_poses - 1} have no image"
 
 
 def llff_to_opencv(poses: np.ndarray) -> np.ndarray:
@@ -185,28 +204,47 @@ def _normalize(vector: np.ndarray) -> np.ndarray:
 
 
 def list_images(folder: Path) -> list[Path]:
-    files = sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file())
+    """The PNG and JPEG images of `folder` in name order. Hidden files, including the macOS
+    AppleDouble `._NAME` files a copy from a Mac leaves, are not images and are ignored."""
+    files = sorted(f for f in folder.iterdir()
+                   if f.suffix.lower() in IMAGE_EXTENSIONS and not f.name.startswith(".") and f.is_file())
     if not files:
         raise UserError(f"{folder}: no PNG or JPG images")
     return files
 
 
+def _first_line(err: Exception, limit: int = 120) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def read_image(file: Path) -> np.ndarray:
-    """-> uint8 RGB `[H, W, 3]`; alpha dropped, grayscale expanded."""
+    """-> uint8 RGB `[H, W, 3]` from any PNG or JPEG mode: 1-bit, grayscale, grayscale + alpha,
+    palette, RGB, RGBA, 8 or 16 bits. Alpha is ignored: the colour channels are used as stored
+    (not composited over a background). 16-bit values are scaled to 8 bits (v // 257)."""
     try:
+        if file.stat().st_size == 0:
+            raise UserError(f"{file}: empty file (0 bytes), not an image")
+        with Image.open(file) as opened:
+            if opened.mode in OTHER_COLOUR_SPACES:  # CMYK / YCbCr JPEGs: converted by Pillow
+                return np.asarray(opened.convert("RGB"))
         image = np.asarray(iio.imread(file))
+    except UserError:
+        raise
     except Exception as err:
-        raise UserError(f"{file}: cannot read image ({err})") from None
+        raise UserError(f"{file}: cannot read image ({_first_line(err)})") from None
+    if image.dtype == bool:  # 1-bit
+        image = image.astype(np.uint8) * 255
     if image.ndim == 2:
-        image = np.repeat(image[..., None], 3, axis=-1)
-    if image.ndim != 3 or image.shape[-1] not in (3, 4):
-        raise UserError(f"{file}: expected an RGB image, got shape {image.shape}")
-    image = image[..., :3]
-    if image.dtype == np.uint16:
-        image = (image // 257).astype(np.uint8)
+        image = image[..., None]
+    if image.ndim != 3 or image.shape[-1] not in (1, 2, 3, 4) or image.shape[0] == 0 or image.shape[1] == 0:
+        raise UserError(f"{file}: expected a grayscale or colour image, got an array of shape {image.shape}")
+    image = np.repeat(image[..., :1], 3, axis=-1) if image.shape[-1] <= 2 else image[..., :3]
+    if image.dtype in (np.uint16, np.int32, np.uint32) and image.size and 0 <= image.min() and image.max() <= 65535:
+        image = (image.astype(np.uint32) // 257).astype(np.uint8)
     if image.dtype != np.uint8:
         raise UserError(f"{file}: unsupported pixel type {image.dtype}")
-    return image
+    return np.ascontiguousarray(image)
 
 
 def read_images(files: list[Path]) -> np.ndarray:

@@ -1,0 +1,223 @@
+"""Files of a run folder written safely: atomic writes staged next to their target (never in
+`$TMPDIR`), one clear line for a full or read-only disk, checkpoints that never hold non-finite
+weights, and a lock so that one run folder serves one run at a time.
+
+Every file the project writes (checkpoints, `metrics.json`, view PNGs) goes through `write_atomic`:
+a temporary file in the target's own folder, flushed to disk, then renamed over the target. An
+interruption (SIGKILL, full disk) leaves the previous file intact and at most a temporary
+`.NAME.*.tmp` file, which the next run in that folder removes (`clean_temporaries`).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import io
+import math
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from pola_gnt.errors import UserError
+
+TEMPORARY_SUFFIX = ".tmp"
+LOCK_NAME = "run.lock"
+DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EXDEV, errno.EFBIG}
+
+
+class NonFiniteError(Exception):
+    """Training produced a NaN or infinite value (loss, gradient, weights, validation score)."""
+
+    def __init__(self, step: int, quantity: str, detail: str = ""):
+        self.step, self.quantity, self.detail = step, quantity, detail
+        super().__init__(f"non-finite {quantity} at step {step}{f' ({detail})' if detail else ''}")
+
+
+def _size(n_bytes: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n_bytes < 1024 or unit == "TB":
+            return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
+        n_bytes /= 1024
+    return ""  # unreachable
+
+
+def free_space(folder: Path) -> int | None:
+    try:
+        return os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
+    except OSError:
+        return None
+
+
+def disk_error(path: Path, err: OSError, needed: int | None = None) -> UserError:
+    """One line for a write that the file system refused: the path, the reason, the space needed."""
+    reason = err.strerror or type(err).__name__
+    message = f"{path}: cannot write ({reason})"
+    if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        free = free_space(path.parent if not path.is_dir() else path)
+        parts = [f"{_size(needed)} needed" if needed is not None else None,
+                 f"{_size(free)} free" if free is not None else None]
+        if any(parts):
+            message += f": {', '.join(p for p in parts if p)} on {path.parent}"
+        message += "; free some space or use another hydra.run.dir, then run the same command again"
+    elif err.errno == errno.EROFS:
+        message += "; the folder is on a read-only file system: use another hydra.run.dir"
+    elif err.errno in (errno.EACCES, errno.EPERM):
+        message += "; no write permission: use another hydra.run.dir"
+    return UserError(message)
+
+
+def is_disk_error(err: BaseException) -> bool:
+    return isinstance(err, OSError) and err.errno in DISK_ERRNOS
+
+
+def write_atomic(path: Path, data: bytes | bytearray | memoryview) -> None:
+    """Write `data` to `path` through a temporary file in the same folder (flushed, then renamed):
+    readers see the old file or the new one, never a part. A full or read-only disk raises a
+    `UserError` naming the path and the space needed, with the temporary file removed."""
+    path = Path(path)
+    temporary = None
+    try:
+        handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
+        temporary = Path(name)
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(temporary, 0o644)  # mkstemp makes it private
+        os.replace(temporary, path)
+        temporary = None
+    except OSError as err:
+        if temporary is not None:  # removed first, so the free space reported is the real one
+            temporary.unlink(missing_ok=True)
+            temporary = None
+        if is_disk_error(err):
+            raise disk_error(path, err, needed=len(data)) from None
+        raise
+    finally:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+
+
+def clean_temporaries(*folders: Path) -> list[Path]:
+    """Remove the temporary files an interrupted run left (`.NAME.*.tmp`); returns what was removed."""
+    removed = []
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for file in folder.glob(f".*{TEMPORARY_SUFFIX}"):
+            if file.is_file():
+                file.unlink(missing_ok=True)
+                removed.append(file)
+    return removed
+
+
+def non_finite_tensors(state_dict: dict) -> list[str]:
+    """Names of floating-point tensors in `state_dict` holding a NaN or an infinity."""
+    return [name for name, value in state_dict.items()
+            if torch.is_tensor(value) and value.is_floating_point() and not bool(torch.isfinite(value).all())]
+
+
+class SafeCheckpointIO(TorchCheckpointIO):
+    """Lightning checkpoint writer: refuses non-finite weights, writes atomically in the checkpoint's
+    own folder (Lightning's default stages through `$TMPDIR`), one line for a full disk."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        path = Path(path)
+        bad = non_finite_tensors(checkpoint.get("state_dict", {}))
+        if bad:
+            step = int(checkpoint.get("global_step", -1))
+            raise NonFiniteError(step, "weights", f"{len(bad)} tensors, e.g. {bad[0]}; {path.name} not written")
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise disk_error(path.parent, err) if is_disk_error(err) else err from None
+        write_atomic(path, buffer.getbuffer())
+
+
+def strict_json_values(document, path: str = "", reasons: dict | None = None):
+    """`document` with every non-finite float replaced by None; `reasons[path]` says which value it was."""
+    reasons = {} if reasons is None else reasons
+    if isinstance(document, dict):
+        return {k: strict_json_values(v, f"{path}.{k}" if path else str(k), reasons) for k, v in document.items()}
+    if isinstance(document, (list, tuple)):
+        return [strict_json_values(v, f"{path}[{i}]", reasons) for i, v in enumerate(document)]
+    if isinstance(document, float) and not math.isfinite(document):
+        reasons[path] = f"non-finite value ({document})"
+        return None
+    return document
+
+
+# ---- one run per folder ----------------------------------------------------------------------
+
+
+class RunLock:
+    """An exclusive lock on a run folder: `run.lock` holding the PID, host and start time.
+
+    Taken with `flock`, so the kernel releases it when the process ends in any way (SIGKILL
+    included): a lock file left by a killed run is stale and simply taken over.
+    """
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self.handle: int | None = None
+        self.previous: str = ""  # content of a stale lock file that was taken over
+
+    def acquire(self) -> "RunLock":
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise disk_error(self.path.parent, err) if is_disk_error(err) else err from None
+        while True:
+            try:
+                handle = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as err:
+                raise disk_error(self.path, err) if is_disk_error(err) else err from None
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(handle, 4096, 0).decode(errors="replace").strip() or "another process"
+                os.close(handle)
+                raise UserError(
+                    f"{self.path.parent}: already in use by a running training ({holder}); wait for it to "
+                    f"finish, stop it, or pick another hydra.run.dir") from None
+            try:  # the file may have been removed by its previous holder after we opened it: retry
+                same = os.fstat(handle).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(handle)
+        self.previous = os.pread(handle, 4096, 0).decode(errors="replace").strip()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        content = f"pid {os.getpid()} on {socket.gethostname()}, since {stamp}\n".encode()
+        try:
+            os.ftruncate(handle, 0)
+            os.pwrite(handle, content, 0)
+        except OSError as err:
+            os.close(handle)
+            raise disk_error(self.path, err, len(content)) if is_disk_error(err) else err from None
+        self.handle = handle
+        return self
+
+    def release(self) -> None:
+        if self.handle is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError:
+            pass  # a read-only folder: the flock is released below all the same
+        os.close(self.handle)
+        self.handle = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -1,0 +1,329 @@
+"""Reliability of training runs: exact resume from any step, honest exits on signals, divergence,
+one run per folder, full disks. Runs are tiny (see conftest.TINY_OVERRIDES) and mostly in-process."""
+
+from __future__ import annotations
+
+import csv
+import errno
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from pola_gnt.config import CONFIG_DIR
+from pola_gnt.errors import RunStopped, UserError
+from pola_gnt.guards import TrainingGuard
+from pola_gnt.model.lightning import GNTSystem
+from pola_gnt.paths import PROJECT_ROOT
+from pola_gnt.runfiles import LOCK_NAME, NonFiniteError, RunLock, SafeCheckpointIO, write_atomic
+from pola_gnt.train import train
+
+from conftest import TINY_OVERRIDES
+
+COMMON = ["model=pola_gnt", *TINY_OVERRIDES, "seed=3", "trainer.val_check_interval=2"]
+MAX_STEPS = 8
+
+
+def config(*overrides: str):
+    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
+        return compose("config", overrides=[*COMMON, f"trainer.max_steps={MAX_STEPS}", *overrides])
+
+
+def metrics(run_dir: Path) -> dict:
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def csv_rows(run_dir: Path) -> list[dict]:
+    with (run_dir / "csv" / "metrics.csv").open(newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def send_signal_at(monkeypatch, hook: str, signum: int, steps: set[int] | None = None) -> None:
+    """Make the process receive `signum` (a real signal) when `TrainingGuard.<hook>` runs at one of
+    `steps` (global steps; None: the first call), as a user's `kill` would arrive."""
+    original = getattr(TrainingGuard, hook)
+    sent = set()
+
+    def hooked(self, trainer, *args, **kwargs):
+        step = trainer.global_step
+        if (steps is None and not sent) or (steps is not None and step in steps and step not in sent):
+            sent.add(step)
+            os.kill(os.getpid(), signum)
+        return original(self, trainer, *args, **kwargs)
+
+    monkeypatch.setattr(TrainingGuard, hook, hooked)
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("straight")
+    train(config(), run_dir)
+    return run_dir
+
+
+def test_resume_from_several_steps_matches_uninterrupted_run(straight_run, tmp_path, monkeypatch):
+    """SIGTERM at steps 1, 3 and 5 of 8 (before and after the middle), each resumed with ckpt_path=last:
+    the same test metrics, the same logged training curve, and the earlier log rows kept."""
+    for stop in (1, 3, 5):
+        with monkeypatch.context() as patch:
+            send_signal_at(patch, "on_train_batch_start", signal.SIGTERM, {stop})
+            with pytest.raises(RunStopped) as stopped:
+                train(config(*(["ckpt_path=last"] if stop > 1 else [])), tmp_path)
+        assert stopped.value.exit_code == 143
+        message = str(stopped.value)
+        assert f"at step {stop}" in message and "ckpt_path=last" in message and f"saved at step {stop}" in message
+        assert not (tmp_path / "metrics.json").exists()
+    train(config("ckpt_path=last"), tmp_path)
+    first, second = metrics(straight_run), metrics(tmp_path)
+    assert second["global_step"] == first["global_step"] == MAX_STEPS
+    assert second["mean"] == first["mean"] and second["per_image"] == first["per_image"]
+    # The CSV log holds every step once, as the uninterrupted run's (learning rates, loss, val PSNR).
+    assert csv_rows(tmp_path) == csv_rows(straight_run)
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) > 1  # appended, not replaced
+
+
+def test_sigterm_during_test_says_metrics_not_written(straight_run, tmp_path, monkeypatch):
+    with monkeypatch.context() as patch:
+        send_signal_at(patch, "on_test_batch_start", signal.SIGTERM)
+        with pytest.raises(RunStopped) as stopped:
+            train(config(), tmp_path)
+    assert stopped.value.exit_code == 143 and "metrics.json was not written" in str(stopped.value)
+    assert not (tmp_path / "metrics.json").exists()
+    train(config("ckpt_path=last"), tmp_path)  # the trained model is tested, nothing retrained
+    assert metrics(tmp_path)["mean"] == metrics(straight_run)["mean"]
+
+
+def test_sigint_exits_130_with_resume_hint(tmp_path, monkeypatch):
+    send_signal_at(monkeypatch, "on_validation_batch_start", signal.SIGINT)
+    with pytest.raises(RunStopped) as stopped:
+        train(config(), tmp_path)
+    assert stopped.value.exit_code == 130 and "resume with: python -m pola_gnt.train" in str(stopped.value)
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+def _finite_checkpoint(path: Path) -> bool:
+    state = torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+    return all(bool(torch.isfinite(v).all()) for v in state.values() if v.is_floating_point())
+
+
+@pytest.mark.parametrize("fault", ["loss", "learning_rate"])
+def test_divergence_stops_at_once_and_keeps_last_good_checkpoint(fault, tmp_path, monkeypatch):
+    original = GNTSystem.training_step
+
+    def diverging_step(self, batch, batch_idx):
+        loss = original(self, batch, batch_idx)
+        if self.global_step == 5:
+            if fault == "loss":
+                return loss * float("nan")
+            for group in self.optimizers().optimizer.param_groups:  # a blown-up learning rate
+                group["lr"] = float("inf")
+        return loss
+
+    monkeypatch.setattr(GNTSystem, "training_step", diverging_step)
+    with pytest.raises(RunStopped) as stopped:
+        train(config(), tmp_path)
+    message = str(stopped.value)
+    assert stopped.value.exit_code == 3 and "diverged" in message and "step 6" in message
+    assert ("loss" if fault == "loss" else "weights") in message and "(step 4)" in message
+    checkpoints = tmp_path / "checkpoints"
+    assert torch.load(checkpoints / "last.ckpt", weights_only=False)["global_step"] == 4
+    assert all(_finite_checkpoint(p) for p in checkpoints.glob("*.ckpt"))
+    assert not any("nan" in p.name for p in checkpoints.iterdir())
+    assert not (tmp_path / "metrics.json").exists()
+
+
+def test_checkpoint_io_refuses_non_finite_weights(tmp_path):
+    with pytest.raises(NonFiniteError):
+        SafeCheckpointIO().save_checkpoint({"state_dict": {"w": torch.tensor([1.0, float("inf")])},
+                                            "global_step": 7}, tmp_path / "x.ckpt")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- one run per folder ------------------------------------------------------------------------
+
+
+def test_run_lock_refuses_a_second_holder_and_takes_over_a_stale_one(tmp_path):
+    with RunLock(tmp_path):
+        with pytest.raises(UserError, match=f"pid {os.getpid()}"):
+            RunLock(tmp_path).acquire()
+    assert not (tmp_path / LOCK_NAME).exists()
+    (tmp_path / LOCK_NAME).write_text("pid 999999 on elsewhere, since yesterday\n")  # a killed run's file
+    lock = RunLock(tmp_path).acquire()
+    assert lock.previous.startswith("pid 999999") and str(os.getpid()) in (tmp_path / LOCK_NAME).read_text()
+    lock.release()
+
+
+def _train_command(run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "pola_gnt.train", *COMMON, f"hydra.run.dir={run_dir}", *extra]
+
+
+def test_second_run_on_a_folder_refuses_and_a_killed_run_is_resumed(tmp_path):
+    first = subprocess.Popen(_train_command(tmp_path, "trainer.max_steps=400"), cwd=PROJECT_ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "checkpoints" / "last.ckpt").is_file() and time.time() < deadline:
+            time.sleep(0.2)
+        second = subprocess.run(_train_command(tmp_path, "trainer.max_steps=400", "seed=4"), cwd=PROJECT_ROOT,
+                                capture_output=True, text=True, timeout=300)
+        lines = second.stderr.strip().splitlines()
+        assert second.returncode == 2 and len(lines) == 1, second.stderr[-2000:]
+        assert lines[0].startswith("error:") and f"pid {first.pid}" in lines[0]
+    finally:
+        first.kill()
+        first.wait()
+    assert (tmp_path / LOCK_NAME).exists()  # left by the killed run: stale
+    (tmp_path / "checkpoints" / ".last.ckpt.half.tmp").write_bytes(b"half")  # a write cut short
+    resumed = subprocess.run(_train_command(tmp_path, f"trainer.max_steps={MAX_STEPS}", "ckpt_path=last"),
+                             cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert not list((tmp_path / "checkpoints").glob(".*.tmp")) and not (tmp_path / LOCK_NAME).exists()
+
+
+def test_sigterm_to_a_real_process_exits_143_with_one_line(tmp_path):
+    process = subprocess.Popen(_train_command(tmp_path, "trainer.max_steps=400"), cwd=PROJECT_ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (tmp_path / "checkpoints" / "last.ckpt").is_file() and time.time() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    lines = [line for line in stderr.splitlines() if not line.startswith(("/", " ", "  "))]  # minus warnings
+    assert process.returncode == 143, stderr[-2000:]
+    assert lines[-1].startswith("stopped: SIGTERM") and "ckpt_path=last" in lines[-1]
+    assert f"hydra.run.dir={tmp_path}" in lines[-1]
+
+
+# ---- disks ---------------------------------------------------------------------------------------
+
+
+def test_full_disk_write_is_one_line_and_leaves_the_old_file(tmp_path, monkeypatch):
+    target = tmp_path / "metrics.json"
+    target.write_text('{"old": true}')
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(UserError) as err:
+        write_atomic(target, b"x" * 5000)
+    message = str(err.value)
+    assert str(target) in message and "No space left" in message and "4.9 KB needed" in message
+    assert "\n" not in message
+    assert target.read_text() == '{"old": true}' and list(tmp_path.iterdir()) == [target]
+
+
+def test_checkpoints_are_staged_in_their_folder_not_tmpdir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "missing"))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "missing"))
+    SafeCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(2)}}, tmp_path / "ckpt" / "a.ckpt")
+    assert torch.load(tmp_path / "ckpt" / "a.ckpt", weights_only=False)["state_dict"]["w"].sum() == 2
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 3 MB tmpfs (needs root); skipped where it cannot be mounted."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mount_point)],
+                            capture_output=True)
+    if result.returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+@pytest.mark.parametrize("mode", ["full", "read-only"])
+def test_training_on_a_full_or_read_only_disk(small_disk, mode):
+    run_dir = small_disk / "run"
+    if mode == "full":
+        result = subprocess.run(_train_command(run_dir, "trainer.max_steps=4", "model.net.width=64",
+                                               "model.net.heads=2"),
+                                cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    else:
+        run_dir.mkdir()
+        subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+        result = subprocess.run(_train_command(run_dir / "sub", "trainer.max_steps=4"),
+                                cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    lines = [line for line in result.stderr.strip().splitlines() if line.startswith("error:")]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    if mode == "full":
+        assert "No space left on device" in lines[0] and "needed" in lines[0]
+        assert not list(run_dir.rglob("*.tmp"))
+    else:
+        assert "Read-only file system" in lines[0]
+
+
+def test_metrics_json_is_strict_json_with_null_reasons(tmp_path):
+    from pola_gnt.evaluation import ViewResult, write_results
+
+    results = [ViewResult(0, "a.png", {"psnr": float("nan"), "ssim": 0.5, "lpips": None},
+                          {"psnr": 10.0, "ssim": 0.1, "lpips": None})]
+    document = write_results(tmp_path, {"scene": "x"}, results, (1.0, 2.0), save_images=False)
+    text = (tmp_path / "metrics.json").read_text()
+    parsed = json.loads(text, parse_constant=lambda name: pytest.fail(f"non-strict JSON constant {name}"))
+    assert parsed == document and parsed["mean"]["psnr"] is None and parsed["per_image"][0]["psnr"] is None
+    assert "nan" in parsed["null_reasons"]["mean.psnr"] and "per_image[0].psnr" in parsed["null_reasons"]
+
+
+@pytest.mark.slow
+def test_random_sigkills_then_resume_give_the_uninterrupted_metrics(tmp_path):
+    """SIGKILL at random moments (start-up, training steps, validation, checkpoint and log writes,
+    the test phase), resuming after each: the finished run's metrics and logs equal an uninterrupted one's."""
+    import random
+
+    rng = random.Random(12)
+    steps = ["trainer.max_steps=12"]
+    straight = tmp_path / "straight"
+    done = subprocess.run(_train_command(straight, *steps), cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run_dir, kills = tmp_path / "killed", 0
+    for attempt in range(7):  # six random kills, then a run left to finish
+        resume = ["ckpt_path=last"] if (run_dir / "checkpoints" / "last.ckpt").is_file() else []
+        process = subprocess.Popen(_train_command(run_dir, *steps, *resume), cwd=PROJECT_ROOT,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            process.wait(timeout=rng.uniform(2.0, 20.0) if attempt < 6 else 600)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            kills += 1
+            for file in (run_dir / "checkpoints").glob("*.ckpt"):  # every checkpoint left loads
+                torch.load(file, map_location="cpu", weights_only=False)
+            continue
+        assert process.returncode == 0, process.stderr.read()[-2000:]
+        break
+    else:
+        pytest.fail("the run never finished")
+    assert kills >= 3
+    first, second = metrics(straight), metrics(run_dir)
+    assert second["mean"] == first["mean"] and second["per_image"] == first["per_image"]
+    assert csv_rows(run_dir) == csv_rows(straight)
+
+
+def test_sigkill_during_a_write_leaves_the_old_file_and_a_cleanable_temporary(tmp_path):
+    from pola_gnt.runfiles import clean_temporaries
+
+    target = tmp_path / "last.ckpt"
+    target.write_bytes(b"old checkpoint")
+    code = ("import sys; from pathlib import Path; from pola_gnt.runfiles import write_atomic; "
+            "print('go', flush=True); write_atomic(Path(sys.argv[1]), b'x' * (1 << 31))")
+    process = subprocess.Popen([sys.executable, "-c", code, str(target)], cwd=PROJECT_ROOT, stdout=subprocess.PIPE)
+    assert process.stdout.readline().strip() == b"go"
+    deadline = time.time() + 60
+    while not list(tmp_path.glob(".last.ckpt.*.tmp")) and time.time() < deadline:
+        time.sleep(0.01)
+    process.kill()
+    process.wait()
+    assert target.read_bytes() == b"old checkpoint"
+    assert clean_temporaries(tmp_path) and sorted(tmp_path.iterdir()) == [target]
