@@ -24,10 +24,12 @@ CONFIG_NAME = "config"
 
 
 def _folder_name(path: str | None) -> str:
-    """`${folder_name:${.path}}` (conf/scene/llff.yaml): a scene's name from its folder."""
-    if not path:
-        raise ValueError("scene=llff needs scene.path=DIR (or scene.name=NAME under data.root)")
-    return Path(str(path)).expanduser().resolve().name
+    """`${folder_name:${.path}}` (conf/scene/llff.yaml): a scene's name from its folder. Without a
+    path it returns a marker that `load_scene` reports in one line: resolvers must not raise, since
+    Hydra resolves `hydra.run.dir` (which holds the scene name) before any entry point runs."""
+    from pola_gnt.data.scenes import MISSING_SCENE_NAME
+
+    return Path(str(path)).expanduser().resolve().name if path else MISSING_SCENE_NAME
 
 
 if not OmegaConf.has_resolver("folder_name"):

@@ -12,6 +12,8 @@ from pola_gnt.errors import UserError
 from pola_gnt.paths import default_data_root, demo_scene_dir
 
 SCENE_KINDS = ("llff", "demo")
+# `scene.name` of `scene=llff` given neither `scene.path` nor `scene.name` (conf/scene/llff.yaml).
+MISSING_SCENE_NAME = "llff"
 
 
 def data_root(data_cfg: DictConfig) -> Path:
@@ -24,6 +26,8 @@ def scene_dir(scene_cfg: DictConfig, data_cfg: DictConfig) -> Path:
         return Path(scene_cfg.path).expanduser()
     if scene_cfg.kind == "demo":
         return demo_scene_dir()
+    if scene_cfg.name == MISSING_SCENE_NAME:
+        raise UserError("scene=llff needs scene.path=DIR (or scene.name=NAME under data.root)")
     return data_root(data_cfg) / scene_cfg.name
 
 
