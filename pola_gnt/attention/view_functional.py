@@ -15,8 +15,9 @@ One d-wide key feature map serves both streams. A zero channel has a zero featur
 so which side of the sign test it falls on does not matter. Layout: heads stay in place,
 `q [..., heads, d]`, `k, v [..., keys, heads, d]`, so the module's projections need no transposes.
 
-Memory: the custom autograd keeps only its inputs and recomputes the features in backward (GNT's
-subtraction attention keeps several `[points, views, width]` tensors for its backward).
+Memory: the custom autograd keeps its inputs, the weights and the output, and recomputes the
+features in backward (GNT's subtraction attention keeps several `[points, views, width]` tensors for
+its backward).
 Numerics as in `functional`: fp32 (or fp64) with autocast off, exponent inputs clamped at
 `EXPONENT_CLAMP`, `EPSILON` on each stream's denominator.
 """
@@ -116,7 +117,7 @@ def _sum_over_views(grad_weights_t: Tensor, keys: Tensor) -> Tensor:
 
 
 class _PolarityViewAttention(torch.autograd.Function):
-    """Keeps the inputs, the key parts and the small weights `[P, views, 2 * heads]` for backward."""
+    """Keeps the inputs, the small weights `[P, views, 2 * heads]` and the output for backward."""
 
     @staticmethod
     def forward(ctx, q, k, v, temp_same, temp_opp, visible):
@@ -127,12 +128,14 @@ class _PolarityViewAttention(torch.autograd.Function):
             weights = weights.mul_(visible)  # [P, views, 1]
         attention = weights / (weights.sum(dim=1, keepdim=True) + EPSILON)
         out = _value_blocks(torch.bmm(attention.transpose(1, 2), v.view(points, views, heads * d)))
-        ctx.save_for_backward(q, k, v, temp_same, temp_opp, visible, keys_plus, keys_minus, weights, out)
+        # The key features are recomputed in backward rather than kept: two view-sized tensors per
+        # block would put Pola-GNT's training memory above GNT's.
+        ctx.save_for_backward(q, k, v, temp_same, temp_opp, visible, weights, out)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, temp_same, temp_opp, visible, keys_plus, keys_minus, weights, out = ctx.saved_tensors
+        q, k, v, temp_same, temp_opp, visible, weights, out = ctx.saved_tensors
         points, views, heads, d = k.shape
         with torch.autocast(device_type=q.device.type, enabled=False):
             grad_out = grad_out.to(q.dtype)
@@ -154,7 +157,7 @@ class _PolarityViewAttention(torch.autograd.Function):
 
             # w = sum_c (K+ plus + K- minus) per (stream, head); K+ = K [k > 0], K- = K [k < 0].
             terms = _QueryTerms(q, temp_same, temp_opp)
-            sign_k = torch.sign(k)
+            keys_plus, keys_minus, sign_k = _key_parts(k)
             grad_plus = torch.bmm(grad_weights, _block_diagonal(terms.plus)).view_as(k)
             grad_minus = torch.bmm(grad_weights, _block_diagonal(terms.minus)).view_as(k)
             grad_keys = grad_plus.mul_(sign_k.clamp(min=0.0)).addcmul_(grad_minus, (-sign_k).clamp_(min=0.0))
