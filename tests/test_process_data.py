@@ -161,7 +161,7 @@ def _demo_grid_rig(columns: int, rows: int) -> np.ndarray:
     return np.stack(poses)
 
 
-@pytest.mark.slow
+@pytest.mark.manual
 def test_demo_scene_round_trip(tmp_path):
     """The demo scene from its forward-facing rig (1.2 x 0.6 units of baseline in front of depths
     3.5 to 9), 8 x 5 views at 1008x756: its soft, repeating textures give few SIFT features, so it
@@ -191,7 +191,7 @@ def test_demo_scene_round_trip(tmp_path):
     print(f"demo round trip: {errors}")
 
 
-@pytest.mark.slow
+@pytest.mark.manual
 def test_narrow_demo_rig_registers_with_the_retries(tmp_path):
     """A rig with a fifth of the demo's baselines: COLMAP's defaults register only some of the
     views (no good initial pair, or a focal length that runs away); the retries register all."""
