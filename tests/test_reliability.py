@@ -284,16 +284,19 @@ def test_random_sigkills_then_resume_give_the_uninterrupted_metrics(tmp_path):
     rng = random.Random(12)
     steps = ["trainer.max_steps=12"]
     straight = tmp_path / "straight"
+    started = time.monotonic()
     done = subprocess.run(_train_command(straight, *steps), cwd=PROJECT_ROOT, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
+    # Kill moments scale with this machine's speed: within the first 90% of an uninterrupted run.
+    duration = time.monotonic() - started
     run_dir, kills = tmp_path / "killed", 0
     for attempt in range(7):  # six random kills, then a run left to finish
         resume = ["ckpt_path=last"] if (run_dir / "checkpoints" / "last.ckpt").is_file() else []
         process = subprocess.Popen(_train_command(run_dir, *steps, *resume), cwd=PROJECT_ROOT,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            process.wait(timeout=rng.uniform(2.0, 20.0) if attempt < 6 else 600)
+            process.wait(timeout=rng.uniform(0.1, 0.9) * duration if attempt < 6 else 600)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
@@ -305,7 +308,7 @@ def test_random_sigkills_then_resume_give_the_uninterrupted_metrics(tmp_path):
         break
     else:
         pytest.fail("the run never finished")
-    assert kills >= 3
+    assert kills >= 2
     first, second = metrics(straight), metrics(run_dir)
     assert second["mean"] == first["mean"] and second["per_image"] == first["per_image"]
     assert csv_rows(run_dir) == csv_rows(straight)
