@@ -24,30 +24,34 @@ _MMAP_THRESHOLD = 32 * 2**20  # glibc's largest allowed value on 64-bit systems
 _TRIM_THRESHOLD = 2**31 - 1  # never give heap memory back while the process runs
 _TOP_PAD = 64 * 2**20  # grow the heap in large steps
 
+M_MMAP_THRESHOLD = _M_MMAP_THRESHOLD
+
 _configured = False
+
+
+def mallopt(parameter: int, value: int) -> bool:
+    """glibc's `mallopt(parameter, value)`; False where it is unavailable (not Linux, not glibc)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        function = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):  # not glibc (e.g. musl): leave the allocator alone
+        return False
+    function.argtypes, function.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return function(parameter, value) == 1
 
 
 def configure_cpu_allocator() -> bool:
     """Keep freed CPU memory for reuse (see the module docstring). Returns whether it applied
     (glibc on Linux only; elsewhere nothing changes). Idempotent."""
     global _configured
-    if _configured:
-        return True
-    if not sys.platform.startswith("linux"):
-        return False
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (e.g. musl): leave the allocator alone
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    _configured = all(
-        mallopt(parameter, value) == 1
-        for parameter, value in (
-            (_M_MMAP_THRESHOLD, _MMAP_THRESHOLD),
-            (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD),
-            (_M_TOP_PAD, _TOP_PAD),
+    if not _configured:
+        _configured = all(
+            mallopt(parameter, value)
+            for parameter, value in (
+                (_M_MMAP_THRESHOLD, _MMAP_THRESHOLD),
+                (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD),
+                (_M_TOP_PAD, _TOP_PAD),
+            )
         )
-    )
     return _configured

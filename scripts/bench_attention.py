@@ -33,7 +33,6 @@ Method:
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import statistics
@@ -48,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from pola_gnt.errors import UserError, exit_on_user_error
-from pola_gnt.runtime import configure_cpu_allocator
+from pola_gnt.runtime import M_MMAP_THRESHOLD, configure_cpu_allocator, mallopt
 
 IMPLS = ("pola", "softmax", "vanilla", "relu_linear")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -126,15 +125,6 @@ def _proc_status_kb(key: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {key}")
 
 
-def _set_mmap_threshold(num_bytes: int) -> bool:
-    """glibc mallopt(M_MMAP_THRESHOLD): allocations above it are mmapped and unmapped on free."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(-3, num_bytes))  # M_MMAP_THRESHOLD = -3
-    except (OSError, AttributeError):
-        return False
-
-
 class MemoryMeter:
     """Peak memory above a baseline, CUDA allocator or CPU resident set (see module docstring)."""
 
@@ -189,7 +179,7 @@ def run_worker(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     function = IMPL_FUNCTIONS[impl]
-    on_cpu = device == "cpu" and _set_mmap_threshold(64 * 1024)
+    on_cpu = device == "cpu" and mallopt(M_MMAP_THRESHOLD, 64 * 1024)
 
     def step(inputs, grad_out, backward: bool) -> None:
         if backward:
