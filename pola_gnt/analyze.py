@@ -77,7 +77,8 @@ def require_polarity_attention(path: Path, config: DictConfig) -> None:
     if "pola" not in (net.get("view_attention"), net.get("ray_attention")):
         raise UserError(
             f"{path}: a model={config.model.name} checkpoint (view attention {net.get('view_attention')}, ray "
-            f"attention {net.get('ray_attention')}) has no polarity attention to analyse; the analysis needs model=pola_gnt"
+            f"attention {net.get('ray_attention')}) has no polarity attention to analyse; "
+            "the analysis needs model=pola_gnt"
         )
 
 
@@ -118,8 +119,9 @@ def used_queries(module: PolaAttentionBase, key_mask: Tensor | None, batch: int,
     return key_mask.any(dim=-1, keepdim=True).expand(batch, n_queries)
 
 
-def record_attention(record: LayerRecord, module: PolaAttentionBase, q: Tensor, k: Tensor,
-                     key_mask: Tensor | None) -> None:
+def record_attention(
+    record: LayerRecord, module: PolaAttentionBase, q: Tensor, k: Tensor, key_mask: Tensor | None
+) -> None:
     """Add the row entropies of every method on q `[B, heads, Nq, d]`, k `[B, heads, Nk, d]`.
 
     `key_mask` `[B, Nk]` (True = key may be attended) is the mask the module received. Only rows of
@@ -137,11 +139,12 @@ def record_attention(record: LayerRecord, module: PolaAttentionBase, q: Tensor, 
     mask = None if key_mask is None else key_mask.unsqueeze(-2).expand(batch, heads, n_keys)  # [B, heads, Nk]
     chunk = max(1, WEIGHT_ELEMENTS_PER_CHUNK // (heads * n_queries * n_keys))
     for start in range(0, batch, chunk):
-        q_chunk, k_chunk = q[start:start + chunk], k[start:start + chunk]
-        m_chunk = None if mask is None else mask[start:start + chunk]
-        n_visible = (torch.full(k_chunk.shape[:-1], n_keys, device=q.device) if m_chunk is None
-                     else m_chunk.sum(dim=-1))  # [b, heads]
-        rows = used[start:start + chunk, None, :] & (n_visible[..., None] >= 2)  # [b, heads, Nq]
+        q_chunk, k_chunk = q[start : start + chunk], k[start : start + chunk]
+        m_chunk = None if mask is None else mask[start : start + chunk]
+        n_visible = (
+            torch.full(k_chunk.shape[:-1], n_keys, device=q.device) if m_chunk is None else m_chunk.sum(dim=-1)
+        )  # [b, heads]
+        rows = used[start : start + chunk, None, :] & (n_visible[..., None] >= 2)  # [b, heads, Nq]
         w_same, w_opp = polarity_attention_weights(q_chunk, k_chunk, temp_same, temp_opp, m_chunk)
         weights = {
             "pola_same": w_same,
@@ -263,7 +266,7 @@ def gate_projection(gates: Tensor, heads: int) -> GateProjection:
     explained = [float(s**2) / total if total > 0 else 0.0 for s in singular[:2]]
     return GateProjection(
         same=projected[: len(same)].float(),
-        opp=projected[len(same):].float(),
+        opp=projected[len(same) :].float(),
         explained_variance=explained,
         summary={
             "tokens": len(same),
@@ -320,24 +323,28 @@ class LayerDiagnostics:
         }
 
 
-def layer_diagnostics(net: nn.Module, gates: dict[str, Tensor], records: dict[str, LayerRecord]) -> list[LayerDiagnostics]:
+def layer_diagnostics(
+    net: nn.Module, gates: dict[str, Tensor], records: dict[str, LayerRecord]
+) -> list[LayerDiagnostics]:
     """Per pola module, in network order, from the gates and records of the same forwards."""
     modules = dict(pola_modules(net))
     layers = []
     for row in learned_temperatures(net):
         name, module = row["name"], modules[row["name"]]
         record = records[name]
-        layers.append(LayerDiagnostics(
-            name=name,
-            label=layer_label(name, module),
-            heads=module.heads,
-            head_dim=module.head_dim,
-            temp_same=row["temp_same"].float(),
-            temp_opp=row["temp_opp"].float(),
-            # Only the gates of tokens that reach the output (unseen points all share one constant gate).
-            gates=gate_projection(gates[name].cpu()[record.used()], module.heads),
-            record=record,
-        ))
+        layers.append(
+            LayerDiagnostics(
+                name=name,
+                label=layer_label(name, module),
+                heads=module.heads,
+                head_dim=module.head_dim,
+                temp_same=row["temp_same"].float(),
+                temp_opp=row["temp_opp"].float(),
+                # Only the gates of tokens that reach the output (unseen points all share one constant gate).
+                gates=gate_projection(gates[name].cpu()[record.used()], module.heads),
+                record=record,
+            )
+        )
     return layers
 
 
@@ -360,10 +367,18 @@ def _square_limits(*values: Tensor) -> tuple[float, float]:
 
 # (series key, legend, colour) of each temperature panel, then axis labels and title.
 TEMPERATURE_PANELS = (
-    ((("halves_same", "same-sign stream", "C0"), ("halves_opp", "opposite-sign stream", "C1")),
-     "x+ half (channels [0, d))", "x- half (channels [d, 2d))", "positive vs negative half"),
-    ((("streams_pos", "acting on q+", "C2"), ("streams_neg", "acting on q-", "C3")),
-     "same-sign stream", "opposite-sign stream", "same-sign vs opposite-sign stream"),
+    (
+        (("halves_same", "same-sign stream", "C0"), ("halves_opp", "opposite-sign stream", "C1")),
+        "x+ half (channels [0, d))",
+        "x- half (channels [d, 2d))",
+        "positive vs negative half",
+    ),
+    (
+        (("streams_pos", "acting on q+", "C2"), ("streams_neg", "acting on q-", "C3")),
+        "same-sign stream",
+        "opposite-sign stream",
+        "same-sign vs opposite-sign stream",
+    ),
 )
 
 
@@ -398,19 +413,25 @@ def plot_gates(layers: list[LayerDiagnostics], path: Path, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     for axes, layer in zip(grid, layers):
         projection = layer.gates
-        for points, colour, label in ((projection.same, "C0", "Gs (same-sign channels)"),
-                                      (projection.opp, "C3", "Go (opposite-sign channels)")):
+        for points, colour, label in (
+            (projection.same, "C0", "Gs (same-sign channels)"),
+            (projection.opp, "C3", "Go (opposite-sign channels)"),
+        ):
             shown = points[torch.randperm(len(points), generator=generator)[:PLOTTED_GATE_POINTS]]
-            axes.scatter(shown[:, 0].numpy(), shown[:, 1].numpy(), s=3, alpha=0.35, color=colour, label=label,
-                         rasterized=True)
+            axes.scatter(
+                shown[:, 0].numpy(), shown[:, 1].numpy(), s=3, alpha=0.35, color=colour, label=label, rasterized=True
+            )
         explained = projection.explained_variance
         axes.set_xlabel(f"PC 1 ({100 * explained[0]:.0f}% var.)")
         axes.set_ylabel(f"PC 2 ({100 * explained[1]:.0f}% var.)" if len(explained) > 1 else "PC 2")
         separation = projection.summary["separation"]
-        axes.set_title(f"{layer.label}\nseparation {'n/a' if separation is None else f'{separation:.2f}'}"
-                       " (mean distance / pooled std)", fontsize=10)
+        axes.set_title(
+            f"{layer.label}\nseparation {'n/a' if separation is None else f'{separation:.2f}'}"
+            " (mean distance / pooled std)",
+            fontsize=10,
+        )
         axes.legend(fontsize=7, markerscale=3)
-    for axes in grid[len(layers):]:
+    for axes in grid[len(layers) :]:
         axes.set_visible(False)
     figure.suptitle("Polarity gates under PCA: same-sign vs opposite-sign channels, one point per token")
     figure.savefig(path, dpi=100)
@@ -430,15 +451,21 @@ def plot_entropies(layers: list[LayerDiagnostics], path: Path) -> None:
             values = record.entropies(method)
             if len(values) == 0:
                 continue
-            axes.hist(values.numpy(), bins=bins, density=True, histtype="step", lw=1.6, color=colours[method],
-                      label=f"{ENTROPY_LABELS[method]}: mean {float(values.mean()):.2f}"
-                            f"{dead_rows_note(record, method)}")
+            axes.hist(
+                values.numpy(),
+                bins=bins,
+                density=True,
+                histtype="step",
+                lw=1.6,
+                color=colours[method],
+                label=f"{ENTROPY_LABELS[method]}: mean {float(values.mean()):.2f}{dead_rows_note(record, method)}",
+            )
         axes.axvline(top, color="black", linestyle="--", lw=1, label=f"uniform over {record.n_keys} keys: {top:.2f}")
         axes.set_xlabel("row entropy (nats)")
         axes.set_ylabel("density")
         axes.set_title(layer.label, fontsize=10)
         axes.legend(fontsize=7, loc="upper left")
-    for axes in grid[len(layers):]:
+    for axes in grid[len(layers) :]:
         axes.set_visible(False)
     figure.suptitle("Attention entropy on the same q, k: trained polarity weights vs softmax and ReLU-linear")
     figure.savefig(path, dpi=100)
@@ -473,14 +500,18 @@ def render_recorded(net: GNT, scene: Scene, cfg: DictConfig, view: int, n_rays: 
     rays = pixel_rays(scene.cameras.c2w[view], scene.cameras.intrinsics[view], pixel_grid(height, width)[chosen])
     batch = source_batch(scene, eval_source_ids(scene, view, cfg.data.num_source_views))
     with torch.no_grad():
-        sources = net.source_views(batch["source_images"].to(device), batch["source_c2w"].to(device),
-                                   batch["source_intrinsics"].to(device))
+        sources = net.source_views(
+            batch["source_images"].to(device), batch["source_c2w"].to(device), batch["source_intrinsics"].to(device)
+        )
     with capture_gates(net) as gates, recording_attention(net) as records:
-        rgb, _ = render_rays(net, rays.to(device), sources, scene.depth_range, cfg.render.n_samples,
-                             cfg.render.chunk_rays)
+        rgb, _ = render_rays(
+            net, rays.to(device), sources, scene.depth_range, cfg.render.n_samples, cfg.render.chunk_rays
+        )
     if not any(bool(record.used().any()) for record in records.values()):
-        raise UserError(f"analyze.n_rays: no sample of the {len(rays)} rays of view {scene.image_names[view]} "
-                        f"is seen by a source view; nothing to analyse")
+        raise UserError(
+            f"analyze.n_rays: no sample of the {len(rays)} rays of view {scene.image_names[view]} "
+            f"is seen by a source view; nothing to analyse"
+        )
     target = scene.images[view].reshape(-1, 3)[chosen].to(device)
     psnr = float(mse_to_psnr(((rgb - target) ** 2).mean()))
     return RecordedView(view=view, n_rays=len(rays), psnr=psnr, gates=gates, records=records)
@@ -499,11 +530,13 @@ def analyze(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> dict:
     net = trained.system.net.eval().to("cuda" if torch.cuda.is_available() else "cpu")
     scene = load_scene(config.scene, config.data)
     if cfg.analyze.test_view >= len(scene.test_ids):
-        raise UserError(f"analyze.test_view: {cfg.analyze.test_view} but {scene.name} has "
-                        f"{len(scene.test_ids)} test views")
+        raise UserError(
+            f"analyze.test_view: {cfg.analyze.test_view} but {scene.name} has {len(scene.test_ids)} test views"
+        )
 
-    recorded = render_recorded(net, scene, config, scene.test_ids[cfg.analyze.test_view], cfg.analyze.n_rays,
-                               int(cfg.seed))
+    recorded = render_recorded(
+        net, scene, config, scene.test_ids[cfg.analyze.test_view], cfg.analyze.n_rays, int(cfg.seed)
+    )
     layers = layer_diagnostics(net, recorded.gates, recorded.records)
     plot_temperatures(layers, run_dir / "attention_temperatures.png")
     plot_gates(layers, run_dir / "attention_gates_pca.png", int(cfg.seed))
@@ -524,18 +557,24 @@ def analyze(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> dict:
 
 
 def print_summary(document: dict, run_dir: Path) -> None:
-    print(f"{document['scene']} view {document['view']['name']}, {document['n_rays']} rays, "
-          f"PSNR on these rays {document['psnr_on_rays']:.2f} dB")
+    print(
+        f"{document['scene']} view {document['view']['name']}, {document['n_rays']} rays, "
+        f"PSNR on these rays {document['psnr_on_rays']:.2f} dB"
+    )
     print(f"{'layer':<28}{'keys':>5}" + "".join(f"{m:>13}" for m in ENTROPY_METHODS) + f"{'gate sep.':>11}")
     for layer in document["layers"]:
         entropy = layer["entropy"]
         means = (entropy[m]["mean"] for m in ENTROPY_METHODS)
         cells = "".join(f"{'n/a' if mean is None else f'{mean:.3f}':>13}" for mean in means)
         separation = layer["gates"]["separation"]
-        print(f"{layer['label']:<28}{entropy['n_keys']:>5}{cells}"
-              f"{'n/a' if separation is None else f'{separation:.2f}':>11}")
-    print(f"(mean row entropies in nats) wrote attention_temperatures.png, attention_gates_pca.png, "
-          f"attention_entropy.png and analysis.json to {run_dir}")
+        print(
+            f"{layer['label']:<28}{entropy['n_keys']:>5}{cells}"
+            f"{'n/a' if separation is None else f'{separation:.2f}':>11}"
+        )
+    print(
+        f"(mean row entropies in nats) wrote attention_temperatures.png, attention_gates_pca.png, "
+        f"attention_entropy.png and analysis.json to {run_dir}"
+    )
 
 
 @entry_point

@@ -28,8 +28,10 @@ def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> Path | None:
     path = Path(ckpt_path).expanduser()
     if path.is_dir():
         hint = path / CHECKPOINT_DIR / "last.ckpt" if (path / CHECKPOINT_DIR).is_dir() else path / "last.ckpt"
-        raise UserError(f"ckpt_path: {path} is a folder, not a checkpoint file"
-                        f"{f' (did you mean {hint}?)' if hint.is_file() else ''}")
+        raise UserError(
+            f"ckpt_path: {path} is a folder, not a checkpoint file"
+            f"{f' (did you mean {hint}?)' if hint.is_file() else ''}"
+        )
     if not path.is_file():
         raise UserError(f"ckpt_path: {path}: not found")
     return path
@@ -152,8 +154,9 @@ def _copy_key(source: DictConfig, target: DictConfig, key: str) -> None:
     OmegaConf.update(target, key, value, merge=False, force_add=True)
 
 
-def run_config_with_overrides(path: Path, stored: DictConfig, cfg: DictConfig, overrides: Sequence[str],
-                              config_dir: Path) -> DictConfig:
+def run_config_with_overrides(
+    path: Path, stored: DictConfig, cfg: DictConfig, overrides: Sequence[str], config_dir: Path
+) -> DictConfig:
     """The config to evaluate or render checkpoint `path` with.
 
     Starts from the run config stored in the checkpoint (`stored`) and applies only what the user

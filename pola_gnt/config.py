@@ -7,9 +7,8 @@ import errno
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable
 
 import hydra
 from hydra.experimental.callback import Callback as HydraCallback
@@ -42,9 +41,7 @@ def entry_point(task: Callable[[DictConfig], object] | None = None, *, config_na
     if task is None:
         return lambda function: entry_point(function, config_name=config_name)
     configure_cpu_allocator()
-    return hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=config_name)(
-        exit_on_user_error(task)
-    )
+    return hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=config_name)(exit_on_user_error(task))
 
 
 class RunFolderCheck(HydraCallback):
@@ -60,8 +57,11 @@ class RunFolderCheck(HydraCallback):
         try:
             folder.mkdir(parents=True, exist_ok=True)
             if not os.access(folder, os.W_OK):
-                raise OSError(errno.EROFS if _read_only(folder) else errno.EACCES,
-                              os.strerror(errno.EROFS if _read_only(folder) else errno.EACCES), str(folder))
+                raise OSError(
+                    errno.EROFS if _read_only(folder) else errno.EACCES,
+                    os.strerror(errno.EROFS if _read_only(folder) else errno.EACCES),
+                    str(folder),
+                )
         except OSError as err:
             print(f"error: {disk_error(Path(err.filename or folder), err)}", file=sys.stderr, flush=True)
             sys.exit(USER_ERROR_EXIT_CODE)
@@ -89,9 +89,20 @@ def config_choices() -> dict[str, tuple[str, ...]]:
     }
 
 
-POSITIVE_INTS = ("data.factor", "data.num_source_views", "data.rays_per_step", "data.val_rays",
-                 "render.n_samples", "render.chunk_rays", "model.net.width", "model.net.n_blocks",
-                 "model.net.heads", "optim.decay_steps", "trainer.max_steps", "trainer.log_every_n_steps")
+POSITIVE_INTS = (
+    "data.factor",
+    "data.num_source_views",
+    "data.rays_per_step",
+    "data.val_rays",
+    "render.n_samples",
+    "render.chunk_rays",
+    "model.net.width",
+    "model.net.n_blocks",
+    "model.net.heads",
+    "optim.decay_steps",
+    "trainer.max_steps",
+    "trainer.log_every_n_steps",
+)
 POSITIVE_NUMBERS = ("optim.lr_transformer", "optim.lr_encoder")
 BOOLEANS = ("data.random_source_views", "output.save_images", "metrics.quantize_8bit")
 REQUIRED = ("seed", "optim.decay_rate", "data.llffhold", "trainer.val_check_interval")
@@ -153,18 +164,26 @@ def validate_config(cfg: DictConfig) -> None:
         raise UserError(f"trainer.gradient_clip_val: must be null or a number >= 0, got {clip!r}")
     hold = get("data.llffhold")
     if hold is not None and (not _is_int(hold) or hold < 1):
-        raise UserError(f"data.llffhold: must be a positive integer (every N-th view is held out for testing; "
-                        f"0 would leave nothing to score), got {hold!r}")
+        raise UserError(
+            f"data.llffhold: must be a positive integer (every N-th view is held out for testing; "
+            f"0 would leave nothing to score), got {hold!r}"
+        )
     interval, max_steps = get("trainer.val_check_interval"), get("trainer.max_steps")
     if interval is not None:
         if not (_is_int(interval) and interval >= 1) and not (isinstance(interval, float) and 0 < interval <= 1):
             raise UserError(f"trainer.val_check_interval: must be a positive number of steps, got {interval!r}")
         if _is_int(interval) and _is_int(max_steps) and interval > max_steps:
-            raise UserError(f"trainer.val_check_interval: {interval} is more than trainer.max_steps ({max_steps}); "
-                            f"validation would never run")
+            raise UserError(
+                f"trainer.val_check_interval: {interval} is more than trainer.max_steps ({max_steps}); "
+                f"validation would never run"
+            )
     crop = get("data.crop")
-    if crop is not None and (not isinstance(crop, Sequence) or isinstance(crop, str) or len(crop) != 2
-                             or not all(_is_int(c) and c >= 1 for c in crop)):
+    if crop is not None and (
+        not isinstance(crop, Sequence)
+        or isinstance(crop, str)
+        or len(crop) != 2
+        or not all(_is_int(c) and c >= 1 for c in crop)
+    ):
         raise UserError(f"data.crop: must be null or [height, width] in pixels, got {crop!r}")
     ckpt_path = get("ckpt_path")
     if ckpt_path is not None and not isinstance(ckpt_path, str):
@@ -180,19 +199,25 @@ def check_scene_config(cfg: DictConfig, scene) -> None:
     if n_test == 0:
         raise UserError(f"data.llffhold: {hold} holds out no test view of the {len(scene.image_names)} views")
     if n_train < 2:
-        raise UserError(f"data.llffhold: {hold} leaves {n_train} training view(s) of {len(scene.image_names)}; "
-                        f"at least 2 are needed (a target and a source view)")
+        raise UserError(
+            f"data.llffhold: {hold} leaves {n_train} training view(s) of {len(scene.image_names)}; "
+            f"at least 2 are needed (a target and a source view)"
+        )
     views = cfg.data.num_source_views
     if views > n_train - 1:
-        raise UserError(f"data.num_source_views: {views} requested but the scene has {n_train} training views, "
-                        f"so at most {n_train - 1} can be sources of a training view")
+        raise UserError(
+            f"data.num_source_views: {views} requested but the scene has {n_train} training views, "
+            f"so at most {n_train - 1} can be sources of a training view"
+        )
     height, width = scene.resolution
     crop = cfg.data.get("crop")
     if crop is not None and (crop[0] > height or crop[1] > width):
         raise UserError(f"data.crop: {crop[0]}x{crop[1]} is larger than the images ({height}x{width})")
     pixels = crop[0] * crop[1] if crop is not None else height * width
     if cfg.data.rays_per_step > pixels:
-        raise UserError(f"data.rays_per_step: {cfg.data.rays_per_step} is more than the {pixels} pixels of a "
-                        f"training {'crop' if crop is not None else 'image'}")
+        raise UserError(
+            f"data.rays_per_step: {cfg.data.rays_per_step} is more than the {pixels} pixels of a "
+            f"training {'crop' if crop is not None else 'image'}"
+        )
     if cfg.data.val_rays > height * width:
         raise UserError(f"data.val_rays: {cfg.data.val_rays} is more than the {height * width} pixels of a view")

@@ -22,7 +22,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from pola_gnt.checkpoints import (
-    command_line_keys, read_checkpoint, resolve_checkpoint, run_config_with_overrides, state_dict_mismatch,
+    command_line_keys,
+    read_checkpoint,
+    resolve_checkpoint,
+    run_config_with_overrides,
+    state_dict_mismatch,
     stored_run_config,
 )
 from pola_gnt.config import CONFIG_DIR, entry_point, validate_config
@@ -50,15 +54,19 @@ def load_trained_checkpoint(cfg: DictConfig, run_dir: Path, overrides: Sequence[
     """Read `cfg.ckpt_path`, build its run config from the command line's `overrides`, load the weights (strict)."""
     path = resolve_checkpoint(cfg.ckpt_path, run_dir)
     if path is None:
-        raise UserError("ckpt_path: required, the trained checkpoint to use "
-                        "(e.g. ckpt_path=RUN_DIR/checkpoints/last.ckpt)")
+        raise UserError(
+            "ckpt_path: required, the trained checkpoint to use (e.g. ckpt_path=RUN_DIR/checkpoints/last.ckpt)"
+        )
     checkpoint = read_checkpoint(path)
     config_dir = Path(CONFIG_DIR)
     config = run_config_with_overrides(path, stored_run_config(checkpoint, path), cfg, overrides, config_dir)
     _, explicit_keys = command_line_keys(overrides, config_dir)
     # Asking for GNT's protocol means comparing with GNT's numbers, which used LPIPS-VGG.
-    if config.metrics.protocol == "gnt" and "metrics.protocol" in explicit_keys \
-            and "metrics.lpips_net" not in explicit_keys:
+    if (
+        config.metrics.protocol == "gnt"
+        and "metrics.protocol" in explicit_keys
+        and "metrics.lpips_net" not in explicit_keys
+    ):
         config.metrics.lpips_net = GNT_PROTOCOL_LPIPS_NET
     validate_config(config)
     system = GNTSystem(OmegaConf.to_container(config, resolve=True))
@@ -79,8 +87,9 @@ def evaluate(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> dict:
     trained.system.output_dir = run_dir
     # The machine settings (accelerator, precision, devices) are the command line's; nothing is logged
     # or checkpointed: the results are the files written by the test phase.
-    trainer: pl.Trainer = instantiate(config.trainer, logger=False, callbacks=[], enable_checkpointing=False,
-                                      default_root_dir=str(run_dir))
+    trainer: pl.Trainer = instantiate(
+        config.trainer, logger=False, callbacks=[], enable_checkpointing=False, default_root_dir=str(run_dir)
+    )
     if trainer.is_global_zero:
         print(f"checkpoint  {trained.path} ({config.model.name}, step {trained.system.checkpoint_step})", flush=True)
         print(scene.summary(), flush=True)

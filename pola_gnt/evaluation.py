@@ -98,12 +98,15 @@ def metrics_document(header: dict, results: list[ViewResult]) -> dict:
     a non-finite score is `null`, and `null_reasons` says which and why."""
     results = sorted(results, key=lambda r: r.index)
     reasons: dict[str, str] = {}
-    document = strict_json_values({
-        **header,
-        "mean": mean_scores([r.scores for r in results]),
-        "baseline": {"method": BASELINE_METHOD, **mean_scores([r.baseline for r in results])},
-        "per_image": [r.row() for r in results],
-    }, reasons=reasons)
+    document = strict_json_values(
+        {
+            **header,
+            "mean": mean_scores([r.scores for r in results]),
+            "baseline": {"method": BASELINE_METHOD, **mean_scores([r.baseline for r in results])},
+            "per_image": [r.row() for r in results],
+        },
+        reasons=reasons,
+    )
     if reasons:
         document["null_reasons"] = reasons
     return document
@@ -124,8 +127,9 @@ def colorize_depth(depth: Tensor, near: float, far: float) -> np.ndarray:
     return (colours * 255.0).round().astype(np.uint8)
 
 
-def write_results(out_dir: Path, header: dict, results: list[ViewResult], depth_range: tuple[float, float],
-                  save_images: bool = True) -> dict:
+def write_results(
+    out_dir: Path, header: dict, results: list[ViewResult], depth_range: tuple[float, float], save_images: bool = True
+) -> dict:
     """Write `metrics.json`, `metrics.csv` and (optionally) `test_views/*.png`; return the document."""
     out_dir.mkdir(parents=True, exist_ok=True)
     document = metrics_document(header, results)
@@ -146,8 +150,9 @@ def write_results(out_dir: Path, header: dict, results: list[ViewResult], depth_
     writer.writeheader()
     writer.writerows(document["per_image"])
     writer.writerow({"index": "mean", "name": "", **document["mean"]})
-    writer.writerow({"index": "baseline", "name": BASELINE_METHOD,
-                     **{k: document["baseline"][k] for k in METRIC_NAMES}})
+    writer.writerow(
+        {"index": "baseline", "name": BASELINE_METHOD, **{k: document["baseline"][k] for k in METRIC_NAMES}}
+    )
     write_atomic(out_dir / "metrics.csv", csv_buffer.getvalue().encode())
     write_atomic(out_dir / "metrics.json", (json.dumps(document, indent=2, allow_nan=False) + "\n").encode())
     return document
@@ -159,11 +164,15 @@ def format_table(document: dict) -> str:
     def cell(value):
         return "   n/a" if value is None else f"{value:6.3f}" if value < 10 else f"{value:6.2f}"
 
-    title = (f"{document['scene']} / {document['model']} - {document['protocol']} protocol, "
-             f"LPIPS-{document['lpips_net']}, {document['resolution'][1]}x{document['resolution'][0]}")
+    title = (
+        f"{document['scene']} / {document['model']} - {document['protocol']} protocol, "
+        f"LPIPS-{document['lpips_net']}, {document['resolution'][1]}x{document['resolution'][0]}"
+    )
     lines = [title, f"{'view':<24}{'PSNR':>8}{'SSIM':>8}{'LPIPS':>8}"]
     for row in document["per_image"]:
         lines.append(f"{row['name']:<24}" + "".join(f"{cell(row[m]):>8}" for m in METRIC_NAMES))
     lines.append(f"{'mean':<24}" + "".join(f"{cell(document['mean'][m]):>8}" for m in METRIC_NAMES))
-    lines.append(f"{'baseline (nearest view)':<24}" + "".join(f"{cell(document['baseline'][m]):>8}" for m in METRIC_NAMES))
+    lines.append(
+        f"{'baseline (nearest view)':<24}" + "".join(f"{cell(document['baseline'][m]):>8}" for m in METRIC_NAMES)
+    )
     return "\n".join(lines)

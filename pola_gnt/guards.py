@@ -46,15 +46,17 @@ class StopSignals:
         if self.received == signum:  # asked twice: stop now
             raise Interrupted(signum, immediate=True)
         self.received = signum
-        print(f"{signal.Signals(signum).name} received: stopping after the current step "
-              f"(send it again to stop at once)", flush=True)
+        print(
+            f"{signal.Signals(signum).name} received: stopping after the current step (send it again to stop at once)",
+            flush=True,
+        )
 
     def check(self) -> None:
         """Raise `Interrupted` if a stop was requested."""
         if self.received is not None:
             raise Interrupted(self.received)
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         # Lightning logs its own "Received SIGTERM" line; ours says what happens and how to resume.
         logging.getLogger("pytorch_lightning.trainer.connectors.signal_connector").setLevel(logging.WARNING)
         for signum in self.SIGNALS:

@@ -142,11 +142,7 @@ def backbone_parameters(model: lpips.LPIPS) -> dict[str, torch.nn.Parameter]:
 
 def linear_parameters(model: lpips.LPIPS) -> dict[str, torch.nn.Parameter]:
     """The v0.1 linear layers under the `lpips` state-dict names: `lin{k}.model.1.weight`, `[1, C, 1, 1]`."""
-    return {
-        name: parameter
-        for name, parameter in model.named_parameters()
-        if _LINEAR_LAYER_KEY.fullmatch(name)
-    }
+    return {name: parameter for name, parameter in model.named_parameters() if _LINEAR_LAYER_KEY.fullmatch(name)}
 
 
 def _check_weights(arrays: Mapping[str, np.ndarray], model: lpips.LPIPS, source: str) -> None:
@@ -159,8 +155,7 @@ def _check_weights(arrays: Mapping[str, np.ndarray], model: lpips.LPIPS, source:
     unexpected = sorted(set(arrays) - set(backbone) - set(linear))
     if unexpected:
         raise UserError(
-            f"{source}: unexpected keys for LPIPS-{net}: {', '.join(unexpected[:4])} "
-            "(weights of another network?)"
+            f"{source}: unexpected keys for LPIPS-{net}: {', '.join(unexpected[:4])} (weights of another network?)"
         )
     missing = [name for name in backbone if name not in arrays]
     if missing:
@@ -169,8 +164,7 @@ def _check_weights(arrays: Mapping[str, np.ndarray], model: lpips.LPIPS, source:
     for name, array in arrays.items():
         if tuple(array.shape) != tuple(expected[name].shape):
             raise UserError(
-                f"{source}: {name} has shape {tuple(array.shape)}, "
-                f"LPIPS-{net} needs {tuple(expected[name].shape)}"
+                f"{source}: {name} has shape {tuple(array.shape)}, LPIPS-{net} needs {tuple(expected[name].shape)}"
             )
         if not np.issubdtype(array.dtype, np.floating):
             raise UserError(f"{source}: {name} has dtype {array.dtype}, expected float32")
@@ -265,8 +259,11 @@ def load_lpips(net: str = "alex", weights_path: str | Path | None = None) -> lpi
         state = _torchvision_backbone_state(net)
     except Exception as err:  # offline, no cache, corrupt download: all mean "no weights here"
         reason = " ".join(f"{type(err).__name__}: {err}".split())
-        env_note = f"${LPIPS_WEIGHTS_ENV} has no {net} weights" if os.environ.get(LPIPS_WEIGHTS_ENV) \
+        env_note = (
+            f"${LPIPS_WEIGHTS_ENV} has no {net} weights"
+            if os.environ.get(LPIPS_WEIGHTS_ENV)
             else f"${LPIPS_WEIGHTS_ENV} unset"
+        )
         print(
             f"LPIPS-{net} unavailable, reported as null: no weights path given, {env_note}, "
             f"and torchvision's {TORCHVISION_BACKBONES[net]} could not be loaded ({reason})",
@@ -321,7 +318,7 @@ class ImageMetrics:
         self.lpips_model = load_lpips(lpips_net, lpips_weights)
 
     @classmethod
-    def for_protocol(cls, protocol: str = "standard", **options) -> "ImageMetrics":
+    def for_protocol(cls, protocol: str = "standard", **options) -> ImageMetrics:
         """`standard` (valid SSIM, LPIPS on [-1, 1]) or `gnt` (zero-padded SSIM, LPIPS on [0, 1])."""
         if protocol not in PROTOCOLS:
             raise UserError(f"metrics.protocol: must be standard or gnt, got {protocol!r}")
@@ -348,9 +345,7 @@ class ImageMetrics:
         if image.ndim != 3 or image.shape[-1] != 3:
             raise ValueError(f"{name}: expected [H, W, 3], got {tuple(image.shape)}")
         if min(image.shape[:2]) < MIN_IMAGE_SIDE:
-            raise ValueError(
-                f"{name}: images need at least {MIN_IMAGE_SIDE} pixels per side, got {tuple(image.shape)}"
-            )
+            raise ValueError(f"{name}: images need at least {MIN_IMAGE_SIDE} pixels per side, got {tuple(image.shape)}")
         image = image.float().clamp(0.0, 1.0)
         if self.quantize_8bit:
             image = torch.round(image * 255.0) / 255.0
@@ -371,9 +366,7 @@ class ImageMetrics:
             }
             if self.lpips_model is not None:
                 self.lpips_model.to(pred_batch.device)
-                scores["lpips"] = lpips_distance(
-                    self.lpips_model, pred_batch, gt_batch, self.gnt_protocol
-                ).item()
+                scores["lpips"] = lpips_distance(self.lpips_model, pred_batch, gt_batch, self.gnt_protocol).item()
         return scores
 
 
@@ -413,8 +406,7 @@ def main(argv: list[str] | None = None) -> None:
     pred, gt = read_image(args.pred), read_image(args.gt)  # [H, W, 3]
     if pred.shape != gt.shape:
         raise UserError(
-            f"{args.pred}: size {pred.shape[1]}x{pred.shape[0]} differs from "
-            f"{args.gt} ({gt.shape[1]}x{gt.shape[0]})"
+            f"{args.pred}: size {pred.shape[1]}x{pred.shape[0]} differs from {args.gt} ({gt.shape[1]}x{gt.shape[0]})"
         )
     if min(pred.shape[:2]) < MIN_IMAGE_SIDE:
         raise UserError(f"{args.pred}: images need at least {MIN_IMAGE_SIDE} pixels per side")

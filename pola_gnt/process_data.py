@@ -35,8 +35,19 @@ from tqdm import tqdm
 from pola_gnt.config import entry_point
 from pola_gnt.data.capture import is_video, prepare_capture
 from pola_gnt.data.colmap import (
-    CAMERA_MODELS, CAMERA_MODES, EXHAUSTIVE_MAX_IMAGES, MATCHING, SfmOptions, camera_to_world, common_pinhole,
-    import_pycolmap, registered_images, reliable_points, run_sfm, undistorted_cameras, view_bounds,
+    CAMERA_MODELS,
+    CAMERA_MODES,
+    EXHAUSTIVE_MAX_IMAGES,
+    MATCHING,
+    SfmOptions,
+    camera_to_world,
+    common_pinhole,
+    import_pycolmap,
+    registered_images,
+    reliable_points,
+    run_sfm,
+    undistorted_cameras,
+    view_bounds,
 )
 from pola_gnt.data.demo_scene import opencv_to_llff
 from pola_gnt.data.llff import downsample_folder, image_folder_name, read_image
@@ -47,10 +58,21 @@ DOWNSAMPLED_FACTORS = (4, 8)
 SUMMARY_FILE = "process_data.json"
 
 
-def process_data(source: str | Path, out: str | Path, *, frames: int = 100, camera: str = "single",
-                 camera_model: str = "SIMPLE_RADIAL", matching: str = "auto", max_image_size: int = 3200,
-                 min_registered: float = 0.5, overwrite: bool = False, threads: int = -1, seed: int = 0,
-                 progress: bool = True) -> dict:
+def process_data(
+    source: str | Path,
+    out: str | Path,
+    *,
+    frames: int = 100,
+    camera: str = "single",
+    camera_model: str = "SIMPLE_RADIAL",
+    matching: str = "auto",
+    max_image_size: int = 3200,
+    min_registered: float = 0.5,
+    overwrite: bool = False,
+    threads: int = -1,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
     """Capture -> LLFF scene folder `out`; -> the summary written to `process_data.json`."""
     started = time.time()
     source, out = Path(source).expanduser(), Path(out).expanduser()
@@ -79,12 +101,20 @@ def process_data(source: str | Path, out: str | Path, *, frames: int = 100, came
         names = prepare_capture(source, work / "input", frames, bar)
         timings["input_s"] = time.time() - stage
         if len(names) < MIN_IMAGES:
-            raise UserError(f"input: {source} gives {len(names)} image(s); structure from motion needs at "
-                            f"least {MIN_IMAGES} overlapping views (LLFF captures have 20-60)")
+            raise UserError(
+                f"input: {source} gives {len(names)} image(s); structure from motion needs at "
+                f"least {MIN_IMAGES} overlapping views (LLFF captures have 20-60)"
+            )
         if matching == "auto":
             matching = "sequential" if video or len(names) > EXHAUSTIVE_MAX_IMAGES else "exhaustive"
-        options = SfmOptions(camera=camera, camera_model=camera_model, matching=matching,
-                             max_image_size=max_image_size, threads=threads, seed=seed)
+        options = SfmOptions(
+            camera=camera,
+            camera_model=camera_model,
+            matching=matching,
+            max_image_size=max_image_size,
+            threads=threads,
+            seed=seed,
+        )
         stage = time.time()
         result = run_sfm(work / "input", work, len(names), options, say, bar)
         timings["sfm_s"] = time.time() - stage
@@ -139,8 +169,10 @@ def process_data(source: str | Path, out: str | Path, *, frames: int = 100, came
         _move_into_place(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    say(f"done: {len(kept)} of {len(names)} images registered, {summary['points']} points, "
-        f"{summary['mean_reprojection_error_px']:.2f} px mean reprojection error -> {out}")
+    say(
+        f"done: {len(kept)} of {len(names)} images registered, {summary['points']} points, "
+        f"{summary['mean_reprojection_error_px']:.2f} px mean reprojection error -> {out}"
+    )
     say(f"train on it: python -m pola_gnt.train scene=llff scene.path={out}")
     return summary
 
@@ -198,19 +230,26 @@ def _move_into_place(staging: Path, out: Path) -> None:
 
 
 def _too_few_message(registered: int, given: int, needed: int, options: SfmOptions) -> str:
-    tips = ["more overlap between neighbouring shots (LLFF-style: step sideways, keep the scene in view)",
-            "sharper images"]
+    tips = [
+        "more overlap between neighbouring shots (LLFF-style: step sideways, keep the scene in view)",
+        "sharper images",
+    ]
     if options.matching != "sequential":
         tips.append("matching=sequential for a video-like order")
     if options.camera != "per_image":
         tips.append("camera=per_image if the photos come from different cameras or zoom levels")
-    return (f"only {registered} of {given} images registered, at least {needed} needed "
-            f"(see min_registered); try {'; '.join(tips)}")
+    return (
+        f"only {registered} of {given} images registered, at least {needed} needed "
+        f"(see min_registered); try {'; '.join(tips)}"
+    )
 
 
 def _check_options(camera, camera_model, matching, frames, max_image_size, min_registered) -> None:
-    for key, value, allowed in (("camera", camera, CAMERA_MODES), ("camera_model", camera_model, CAMERA_MODELS),
-                                ("matching", matching, MATCHING)):
+    for key, value, allowed in (
+        ("camera", camera, CAMERA_MODES),
+        ("camera_model", camera_model, CAMERA_MODELS),
+        ("matching", matching, MATCHING),
+    ):
         if value not in allowed:
             raise UserError(f"{key}: unknown value {value!r}; expected one of {', '.join(allowed)}")
     for key, value in (("frames", frames), ("max_image_size", max_image_size)):
@@ -224,11 +263,23 @@ def _check_options(camera, camera_model, matching, frames, max_image_size, min_r
 def main(cfg: DictConfig) -> None:
     for key in ("input", "out"):
         if not cfg.get(key):
-            raise UserError(f"{key}: required; usage: python -m pola_gnt.process_data input=PHOTO_DIR|VIDEO "
-                            f"out=SCENE_DIR")
-    process_data(cfg.input, cfg.out, frames=cfg.frames, camera=cfg.camera, camera_model=cfg.camera_model,
-                 matching=cfg.matching, max_image_size=cfg.max_image_size, min_registered=cfg.min_registered,
-                 overwrite=cfg.overwrite, threads=cfg.threads, seed=cfg.seed, progress=cfg.progress and sys.stderr is not None)
+            raise UserError(
+                f"{key}: required; usage: python -m pola_gnt.process_data input=PHOTO_DIR|VIDEO out=SCENE_DIR"
+            )
+    process_data(
+        cfg.input,
+        cfg.out,
+        frames=cfg.frames,
+        camera=cfg.camera,
+        camera_model=cfg.camera_model,
+        matching=cfg.matching,
+        max_image_size=cfg.max_image_size,
+        min_registered=cfg.min_registered,
+        overwrite=cfg.overwrite,
+        threads=cfg.threads,
+        seed=cfg.seed,
+        progress=cfg.progress and sys.stderr is not None,
+    )
 
 
 if __name__ == "__main__":

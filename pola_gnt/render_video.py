@@ -52,13 +52,17 @@ class VideoSettings:
     crf: int
 
     @classmethod
-    def from_config(cls, video: DictConfig) -> "VideoSettings":
+    def from_config(cls, video: DictConfig) -> VideoSettings:
         """Check the `video` config section; a bad value is a UserError naming its key."""
 
         def number(key: str, positive: bool = False) -> float:
             value = video.get(key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) \
-                    or (positive and value <= 0):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not np.isfinite(value)
+                or (positive and value <= 0)
+            ):
                 raise UserError(f"video.{key}: must be a {'positive ' if positive else ''}number, got {value!r}")
             return float(value)
 
@@ -72,16 +76,24 @@ class VideoSettings:
             raise UserError(f"video.crf: must be an integer from 0 (lossless) to 51, got {crf!r}")
         if not isinstance(video.get("closed"), bool):
             raise UserError(f"video.closed: must be true or false, got {video.get('closed')!r}")
-        return cls(path=video.path, frames=frames, fps=number("fps", positive=True), rotations=number("rotations"),
-                   z_rate=number("z_rate"), radius_scale=number("radius_scale", positive=True),
-                   closed=video.closed, crf=crf)
+        return cls(
+            path=video.path,
+            frames=frames,
+            fps=number("fps", positive=True),
+            rotations=number("rotations"),
+            z_rate=number("z_rate"),
+            radius_scale=number("radius_scale", positive=True),
+            closed=video.closed,
+            crf=crf,
+        )
 
 
 def scene_camera_path(scene: Scene, settings: VideoSettings) -> Tensor:
     """The video's cameras c2w `[frames, 4, 4]` (OpenCV) for the scene."""
     if settings.path == "spiral":
-        return spiral_path(scene.cameras.c2w, scene.bounds, settings.frames, settings.rotations,
-                           settings.z_rate, settings.radius_scale)
+        return spiral_path(
+            scene.cameras.c2w, scene.bounds, settings.frames, settings.rotations, settings.z_rate, settings.radius_scale
+        )
     if len(scene.train_ids) < 2:
         raise UserError(f"video.path=interpolate: {scene.name} has {len(scene.train_ids)} training camera(s), needs 2")
     # Training cameras in capture order (image order), as the photographer moved.
@@ -121,8 +133,9 @@ def frame_source_views(scene: Scene, c2w: Tensor, count: int) -> list[int]:
     return nearest_views(c2w[:3, 3], scene.cameras.centers, scene.train_ids, count)
 
 
-def render_frames(net: GNT, scene: Scene, poses: Tensor, num_source_views: int, n_samples: int, chunk_rays: int,
-                  fabric: Fabric) -> Iterator[RenderedImage]:
+def render_frames(
+    net: GNT, scene: Scene, poses: Tensor, num_source_views: int, n_samples: int, chunk_rays: int, fabric: Fabric
+) -> Iterator[RenderedImage]:
     """Render each camera of `poses` `[frames, 4, 4]` at the scene's resolution, colour and depth."""
     height, width = scene.resolution
     intrinsics = scene.cameras.intrinsics[0].to(fabric.device)  # every LLFF view shares the intrinsics
@@ -130,8 +143,9 @@ def render_frames(net: GNT, scene: Scene, poses: Tensor, num_source_views: int, 
     for c2w in poses:
         with fabric.autocast():
             sources = encoded(frame_source_views(scene, c2w, num_source_views))
-            rendered = render_image(net, c2w.to(fabric.device), intrinsics, height, width, sources,
-                                    scene.depth_range, n_samples, chunk_rays)
+            rendered = render_image(
+                net, c2w.to(fabric.device), intrinsics, height, width, sources, scene.depth_range, n_samples, chunk_rays
+            )
         yield rendered
 
 
@@ -157,9 +171,15 @@ class Mp4Writer:
         if self.encoder is None:
             height, width = frame.shape[:2]
             self.encoder = imageio_ffmpeg.write_frames(
-                str(self.temporary), (width, height), fps=self.fps, codec="libx264", pix_fmt_out="yuv420p",
-                quality=None, macro_block_size=2,  # sides are even already: never rescale
-                output_params=["-crf", str(self.crf), "-movflags", "+faststart"], ffmpeg_log_level="error",
+                str(self.temporary),
+                (width, height),
+                fps=self.fps,
+                codec="libx264",
+                pix_fmt_out="yuv420p",
+                quality=None,
+                macro_block_size=2,  # sides are even already: never rescale
+                output_params=["-crf", str(self.crf), "-movflags", "+faststart"],
+                ffmpeg_log_level="error",
             )
             self.encoder.send(None)
         self.encoder.send(frame)
@@ -179,8 +199,9 @@ class Mp4Writer:
         self.temporary.unlink(missing_ok=True)
 
 
-def write_videos(frames: Iterable[RenderedImage], out_dir: Path, fps: float, crf: int,
-                 depth_range: tuple[float, float]) -> tuple[Path, Path]:
+def write_videos(
+    frames: Iterable[RenderedImage], out_dir: Path, fps: float, crf: int, depth_range: tuple[float, float]
+) -> tuple[Path, Path]:
     """Encode rendered frames into `video_rgb.mp4` and `video_depth.mp4` (depth colour-mapped with
     `depth_range` = (near, far)); both appear only once every frame is written."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -213,10 +234,14 @@ def render_video(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> tu
     net = trained.system.net.to(fabric.device).eval()
     height, width = scene.resolution
     print(f"checkpoint  {trained.path} ({config.model.name}, step {trained.system.checkpoint_step})", flush=True)
-    print(f"video       {settings.path} path, {settings.frames} frames at {width}x{height}, {settings.fps:g} fps, "
-          f"{config.data.num_source_views} source views, {config.render.n_samples} samples per ray", flush=True)
-    frames = render_frames(net, scene, poses, config.data.num_source_views, config.render.n_samples,
-                           config.render.chunk_rays, fabric)
+    print(
+        f"video       {settings.path} path, {settings.frames} frames at {width}x{height}, {settings.fps:g} fps, "
+        f"{config.data.num_source_views} source views, {config.render.n_samples} samples per ray",
+        flush=True,
+    )
+    frames = render_frames(
+        net, scene, poses, config.data.num_source_views, config.render.n_samples, config.render.chunk_rays, fabric
+    )
     progress = tqdm(frames, total=len(poses), desc="rendering", unit="frame", dynamic_ncols=True)
     # Depth colours span the scene's near/far bounds (normalised), near bright.
     depth_range = float(scene.bounds.min()), float(scene.bounds.max())

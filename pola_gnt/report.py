@@ -114,8 +114,7 @@ def _scores(section, where: str) -> dict[str, float | None]:
     if not isinstance(section, dict):
         raise ValueError(f"{where}: missing or not an object")
     # PSNR and SSIM are always computed; LPIPS is null when no weights were available.
-    return {name: _metric_value(section.get(name), f"{where}.{name}", allow_null=name == "lpips")
-            for name in METRICS}
+    return {name: _metric_value(section.get(name), f"{where}.{name}", allow_null=name == "lpips") for name in METRICS}
 
 
 def load_run(path: Path) -> Row:
@@ -133,8 +132,17 @@ def load_run(path: Path) -> Row:
         baseline = _scores(document.get("baseline"), "baseline")
     except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise UserError(f"{path}: malformed {METRICS_FILE} ({err})") from None
-    return Row("run", header["model"], header["scene"], header["protocol"], header["lpips_net"], scores, baseline,
-               source=str(path), mtime=path.stat().st_mtime)
+    return Row(
+        "run",
+        header["model"],
+        header["scene"],
+        header["protocol"],
+        header["lpips_net"],
+        scores,
+        baseline,
+        source=str(path),
+        mtime=path.stat().st_mtime,
+    )
 
 
 def keep_newest(rows: list[Row]) -> tuple[list[Row], list[str]]:
@@ -144,9 +152,9 @@ def keep_newest(rows: list[Row]) -> tuple[list[Row], list[str]]:
     for row in sorted(rows, key=lambda r: r.mtime):
         newest[row.key] = row  # later files overwrite earlier ones
     notes = [
-        f"duplicate {' / '.join(row.key)}: kept {newest[row.key].source} (newest), "
-        f"ignored {row.source}"
-        for row in rows if newest[row.key] is not row
+        f"duplicate {' / '.join(row.key)}: kept {newest[row.key].source} (newest), ignored {row.source}"
+        for row in rows
+        if newest[row.key] is not row
     ]
     return list(newest.values()), notes
 
@@ -178,7 +186,11 @@ def group_mean(rows: list[Row]) -> Row:
         label = f"mean ({len(rows)} scene{'s' if len(rows) != 1 else ''})"
     first = rows[0]
     return Row(
-        "mean", first.model, label, first.protocol, first.lpips_net,
+        "mean",
+        first.model,
+        label,
+        first.protocol,
+        first.lpips_net,
         scores={m: _mean([row.scores[m] for row in members]) for m in METRICS},
         baseline={m: _mean([row.baseline[m] for row in members]) for m in METRICS},
         n_scenes=len(members),
@@ -200,17 +212,26 @@ def table_rows(runs: list[Row]) -> list[Row]:
 
 def reference_rows() -> list[Row]:
     return [
-        Row("reference", ref.label, REFERENCE_SCENE, ref.protocol, ref.lpips_net,
-            scores={"psnr": ref.psnr, "ssim": ref.ssim, "lpips": ref.lpips}, n_scenes=len(LLFF_SCENES))
+        Row(
+            "reference",
+            ref.label,
+            REFERENCE_SCENE,
+            ref.protocol,
+            ref.lpips_net,
+            scores={"psnr": ref.psnr, "ssim": ref.ssim, "lpips": ref.lpips},
+            n_scenes=len(LLFF_SCENES),
+        )
         for ref in REFERENCES
     ]
 
 
 def mixing_warning(runs: list[Row]) -> str | None:
     """One line naming the protocols / LPIPS networks when the runs mix them (not comparable)."""
-    mixed = [f"{name} ({', '.join(sorted(values))})"
-             for name, values in (("protocols", {r.protocol for r in runs}), ("LPIPS networks", {r.lpips_net for r in runs}))
-             if len(values) > 1]
+    mixed = [
+        f"{name} ({', '.join(sorted(values))})"
+        for name, values in (("protocols", {r.protocol for r in runs}), ("LPIPS networks", {r.lpips_net for r in runs}))
+        if len(values) > 1
+    ]
     if not mixed:
         return None
     return f"runs mix {' and '.join(mixed)}: rows are labelled, compare only rows with the same labels"
@@ -226,8 +247,17 @@ def _cell(value: float | None, metric: str) -> str:
     return f"{value:.2f}" if metric == "psnr" else f"{value:.4f}"
 
 
-CSV_FIELDS = ("kind", "model", "scene", "n_scenes", "protocol", "lpips_net", *METRICS,
-              *(f"baseline_{m}" for m in METRICS), "source")
+CSV_FIELDS = (
+    "kind",
+    "model",
+    "scene",
+    "n_scenes",
+    "protocol",
+    "lpips_net",
+    *METRICS,
+    *(f"baseline_{m}" for m in METRICS),
+    "source",
+)
 
 
 def report_csv(rows: Sequence[Row]) -> str:
@@ -236,19 +266,35 @@ def report_csv(rows: Sequence[Row]) -> str:
     writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({
-            "kind": row.kind, "model": row.model, "scene": row.scene, "n_scenes": row.n_scenes,
-            "protocol": row.protocol, "lpips_net": row.lpips_net,
-            **{m: "" if row.scores[m] is None else repr(row.scores[m]) for m in METRICS},
-            **{f"baseline_{m}": "" if row.baseline[m] is None else repr(row.baseline[m]) for m in METRICS},
-            "source": row.source,
-        })
+        writer.writerow(
+            {
+                "kind": row.kind,
+                "model": row.model,
+                "scene": row.scene,
+                "n_scenes": row.n_scenes,
+                "protocol": row.protocol,
+                "lpips_net": row.lpips_net,
+                **{m: "" if row.scores[m] is None else repr(row.scores[m]) for m in METRICS},
+                **{f"baseline_{m}": "" if row.baseline[m] is None else repr(row.baseline[m]) for m in METRICS},
+                "source": row.source,
+            }
+        )
     return buffer.getvalue()
 
 
 def markdown_table(rows: Sequence[Row]) -> list[str]:
-    columns = ["Model", "Scene", "PSNR ↑", "SSIM ↑", "LPIPS ↓", "Nearest view PSNR", "Nearest view SSIM",
-               "Nearest view LPIPS", "Protocol", "LPIPS net"]
+    columns = [
+        "Model",
+        "Scene",
+        "PSNR ↑",
+        "SSIM ↑",
+        "LPIPS ↓",
+        "Nearest view PSNR",
+        "Nearest view SSIM",
+        "Nearest view LPIPS",
+        "Protocol",
+        "LPIPS net",
+    ]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         cells = [row.model, row.scene, *(_cell(row.scores[m], m) for m in METRICS)]
@@ -328,8 +374,13 @@ def bar_chart(rows: Sequence[Row], metric: str, path: Path) -> None:
         x = slots.index(row.scene) + (index - (len(series) - 1) / 2) * width
         draw(x, width, row.scores[metric], f"C{index}", series[index], "//" if row.kind == "mean" else None)
         if row.baseline[metric] is not None:
-            axes.plot([x - 0.45 * width, x + 0.45 * width], [row.baseline[metric]] * 2, color="black", lw=2.5,
-                      label=once("nearest-view baseline"))
+            axes.plot(
+                [x - 0.45 * width, x + 0.45 * width],
+                [row.baseline[metric]] * 2,
+                color="black",
+                lw=2.5,
+                label=once("nearest-view baseline"),
+            )
     ref_width = 0.8 / len(references)
     for index, (ref, colour) in enumerate(zip(references, REFERENCE_COLOURS)):
         x = len(slots) - 1 + (index - (len(references) - 1) / 2) * ref_width
@@ -364,8 +415,13 @@ def write_report(run_paths: Sequence[Path], out_dir: Path) -> list[Row]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pola_gnt.report", description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR",
-                        help="run folder, metrics.json, or a folder searched recursively for metrics.json")
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        type=Path,
+        metavar="RUN_DIR",
+        help="run folder, metrics.json, or a folder searched recursively for metrics.json",
+    )
     parser.add_argument("--out", type=Path, default=Path("report"), help="output folder (default: ./report)")
     return parser.parse_args(argv)
 

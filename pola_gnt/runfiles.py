@@ -59,8 +59,10 @@ def disk_error(path: Path, err: OSError, needed: int | None = None) -> UserError
     message = f"{path}: cannot write ({reason})"
     if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         free = free_space(path.parent if not path.is_dir() else path)
-        parts = [f"{_size(needed)} needed" if needed is not None else None,
-                 f"{_size(free)} free" if free is not None else None]
+        parts = [
+            f"{_size(needed)} needed" if needed is not None else None,
+            f"{_size(free)} free" if free is not None else None,
+        ]
         if any(parts):
             message += f": {', '.join(p for p in parts if p)} on {path.parent}"
         message += "; free some space or use another hydra.run.dir, then run the same command again"
@@ -118,8 +120,11 @@ def clean_temporaries(*folders: Path) -> list[Path]:
 
 def non_finite_tensors(state_dict: dict) -> list[str]:
     """Names of floating-point tensors in `state_dict` holding a NaN or an infinity."""
-    return [name for name, value in state_dict.items()
-            if torch.is_tensor(value) and value.is_floating_point() and not bool(torch.isfinite(value).all())]
+    return [
+        name
+        for name, value in state_dict.items()
+        if torch.is_tensor(value) and value.is_floating_point() and not bool(torch.isfinite(value).all())
+    ]
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
@@ -169,7 +174,7 @@ class RunLock:
         self.handle: int | None = None
         self.previous: str = ""  # content of a stale lock file that was taken over
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -186,7 +191,8 @@ class RunLock:
                 os.close(handle)
                 raise UserError(
                     f"{self.path.parent}: already in use by a running training ({holder}); wait for it to "
-                    f"finish, stop it, or pick another hydra.run.dir") from None
+                    f"finish, stop it, or pick another hydra.run.dir"
+                ) from None
             try:  # the file may have been removed by its previous holder after we opened it: retry
                 same = os.fstat(handle).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
@@ -216,7 +222,7 @@ class RunLock:
         os.close(self.handle)
         self.handle = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

@@ -19,8 +19,9 @@ import sys
 def _stop_during_startup(signum, frame) -> None:
     """SIGTERM / SIGINT while the libraries load, before anything is saved: one line, 128 + signal."""
     name = signal.Signals(signum).name
-    print(f"stopped: {name} during start-up; nothing was saved; run the same command again", file=sys.stderr,
-          flush=True)
+    print(
+        f"stopped: {name} during start-up; nothing was saved; run the same command again", file=sys.stderr, flush=True
+    )
     os._exit(128 + signum)
 
 
@@ -42,16 +43,30 @@ from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from pola_gnt.checkpoints import (CHECKPOINT_DIR, check_compatible, is_state_dict_mismatch, read_checkpoint,
-                                  resolve_checkpoint, state_dict_mismatch, stored_run_config)
+from pola_gnt.checkpoints import (
+    CHECKPOINT_DIR,
+    check_compatible,
+    is_state_dict_mismatch,
+    read_checkpoint,
+    resolve_checkpoint,
+    state_dict_mismatch,
+    stored_run_config,
+)
 from pola_gnt.config import check_scene_config, entry_point, validate_config
 from pola_gnt.data.datamodule import SceneDataModule
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.errors import DIVERGED_EXIT_CODE, RunStopped, UserError
 from pola_gnt.guards import Interrupted, StopSignals, TrainingGuard
 from pola_gnt.model.lightning import GNTSystem
-from pola_gnt.runfiles import (NonFiniteError, RunLock, SafeCheckpointIO, clean_temporaries, disk_error,
-                               is_disk_error, write_atomic)
+from pola_gnt.runfiles import (
+    NonFiniteError,
+    RunLock,
+    SafeCheckpointIO,
+    clean_temporaries,
+    disk_error,
+    is_disk_error,
+    write_atomic,
+)
 
 LAST = "last.ckpt"
 
@@ -157,22 +172,33 @@ class AppendingCSVLogger(CSVLogger):
         return self._experiment
 
 
-def build_trainer(cfg: DictConfig, run_dir: Path, resume_step: int = 0,
-                  signals: StopSignals | None = None) -> pl.Trainer:
+def build_trainer(
+    cfg: DictConfig, run_dir: Path, resume_step: int = 0, signals: StopSignals | None = None
+) -> pl.Trainer:
     checkpoint_dir = run_dir / CHECKPOINT_DIR
     callbacks = [
         TrainingGuard(signals),
-        ModelCheckpoint(dirpath=checkpoint_dir, filename="best-step{step}-psnr{val/psnr:.2f}", monitor="val/psnr",
-                        mode="max", save_top_k=1, save_last=False, auto_insert_metric_name=False),
+        ModelCheckpoint(
+            dirpath=checkpoint_dir,
+            filename="best-step{step}-psnr{val/psnr:.2f}",
+            monitor="val/psnr",
+            mode="max",
+            save_top_k=1,
+            save_last=False,
+            auto_insert_metric_name=False,
+        ),
         LastCheckpoint(checkpoint_dir / LAST),
         LearningRateMonitor(logging_interval="step"),
     ]
     # TensorBoard: events from steps at or after the resumed checkpoint (an interrupted run's tail) are purged.
     tensorboard_options = {"purge_step": resume_step} if resume_step else {}
-    loggers = [TensorBoardLogger(run_dir, name="tensorboard", version="", **tensorboard_options),
-               AppendingCSVLogger(run_dir, name="csv", version="", resume_step=resume_step)]
-    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, default_root_dir=str(run_dir),
-                       plugins=[SafeCheckpointIO()])
+    loggers = [
+        TensorBoardLogger(run_dir, name="tensorboard", version="", **tensorboard_options),
+        AppendingCSVLogger(run_dir, name="csv", version="", resume_step=resume_step),
+    ]
+    return instantiate(
+        cfg.trainer, callbacks=callbacks, logger=loggers, default_root_dir=str(run_dir), plugins=[SafeCheckpointIO()]
+    )
 
 
 def resume_command(run_dir: Path, resume: bool = True) -> str:
@@ -183,8 +209,9 @@ def resume_command(run_dir: Path, resume: bool = True) -> str:
     except ValueError:  # called without Hydra (tests)
         overrides = []
     kept = [o for o in overrides if not o.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]
-    return shlex.join(["python", "-m", "pola_gnt.train", *kept, *(["ckpt_path=last"] if resume else []),
-                       f"hydra.run.dir={run_dir}"])
+    return shlex.join(
+        ["python", "-m", "pola_gnt.train", *kept, *(["ckpt_path=last"] if resume else []), f"hydra.run.dir={run_dir}"]
+    )
 
 
 def _checkpoint_step(path: Path) -> int | None:
@@ -210,20 +237,30 @@ def _stopped_by_signal(signum: int, phase: str, trainer: pl.Trainer, run_dir: Pa
         if last.save_error is not None:
             state += f" (the save at step {trainer.global_step} failed: {last.save_error})"
     if saved is None:
-        return RunStopped(f"{name} {where}; {state}; start again with: {resume_command(run_dir, resume=False)}",
-                          128 + signum, prefix="stopped")
-    return RunStopped(f"{name} {where}; {state}; resume with: {resume_command(run_dir)}", 128 + signum,
-                      prefix="stopped")
+        return RunStopped(
+            f"{name} {where}; {state}; start again with: {resume_command(run_dir, resume=False)}",
+            128 + signum,
+            prefix="stopped",
+        )
+    return RunStopped(
+        f"{name} {where}; {state}; resume with: {resume_command(run_dir)}", 128 + signum, prefix="stopped"
+    )
 
 
 def _diverged(err: NonFiniteError, run_dir: Path) -> RunStopped:
     last_path = run_dir / CHECKPOINT_DIR / LAST
     saved = _checkpoint_step(last_path)
-    good = (f"the last good checkpoint is {last_path} (step {saved}); resume from it with "
-            f"`{resume_command(run_dir)} trainer.gradient_clip_val=1.0`" if saved is not None else
-            "no checkpoint was saved before it")
-    return RunStopped(f"training diverged: {err}; nothing was saved from it; {good}; or start again with lower "
-                      f"optim.lr_transformer / optim.lr_encoder or a different seed", DIVERGED_EXIT_CODE)
+    good = (
+        f"the last good checkpoint is {last_path} (step {saved}); resume from it with "
+        f"`{resume_command(run_dir)} trainer.gradient_clip_val=1.0`"
+        if saved is not None
+        else "no checkpoint was saved before it"
+    )
+    return RunStopped(
+        f"training diverged: {err}; nothing was saved from it; {good}; or start again with lower "
+        f"optim.lr_transformer / optim.lr_encoder or a different seed",
+        DIVERGED_EXIT_CODE,
+    )
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict:
@@ -246,9 +283,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         with StopSignals() as signals:
             return _fit_and_test(cfg, run_dir, checkpoint, resume_step, signals)
     except Interrupted as err:  # a repeated signal before training started
-        raise RunStopped(f"{signal.Signals(err.signum).name} before training started; nothing was saved; "
-                         f"start again with: {resume_command(run_dir, resume=checkpoint is not None)}",
-                         err.exit_code, prefix="stopped") from None
+        raise RunStopped(
+            f"{signal.Signals(err.signum).name} before training started; nothing was saved; "
+            f"start again with: {resume_command(run_dir, resume=checkpoint is not None)}",
+            err.exit_code,
+            prefix="stopped",
+        ) from None
     except OSError as err:
         if is_disk_error(err):
             raise disk_error(Path(err.filename or run_dir), err) from None
@@ -257,8 +297,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         lock.release()
 
 
-def _fit_and_test(cfg: DictConfig, run_dir: Path, checkpoint: Path | None, resume_step: int,
-                  signals: StopSignals) -> dict:
+def _fit_and_test(
+    cfg: DictConfig, run_dir: Path, checkpoint: Path | None, resume_step: int, signals: StopSignals
+) -> dict:
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     scene = load_scene(cfg.scene, cfg.data)
     check_scene_config(cfg, scene)

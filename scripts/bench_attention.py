@@ -39,13 +39,13 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
 import torch
 import torch.nn.functional as F
 
+import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
 from pola_gnt.errors import UserError, exit_on_user_error
 from pola_gnt.runtime import M_MMAP_THRESHOLD, configure_cpu_allocator, mallopt
 
@@ -229,14 +229,27 @@ def _worker_command(args: argparse.Namespace, impl: str, seq_len: int) -> list[s
 def run_row(args: argparse.Namespace, impl: str, seq_len: int, budget_mb: float, previous: dict | None) -> dict:
     needed_mb = estimate_bytes(impl, seq_len, args.heads, args.head_dim, DTYPES[args.dtype]) / 2**20
     if needed_mb > budget_mb:
-        return {"impl": impl, "seq_len": seq_len, "oom": True, "estimate_mb": round(needed_mb), "budget_mb": round(budget_mb)}
+        return {
+            "impl": impl,
+            "seq_len": seq_len,
+            "oom": True,
+            "estimate_mb": round(needed_mb),
+            "budget_mb": round(budget_mb),
+        }
     if previous is not None and previous.get("skipped"):
-        return {"impl": impl, "seq_len": seq_len, "skipped": True, "reason": f"skipped at {previous['seq_len']} already"}
+        return {
+            "impl": impl,
+            "seq_len": seq_len,
+            "skipped": True,
+            "reason": f"skipped at {previous['seq_len']} already",
+        }
     if previous is not None and "fwd_bwd_ms" in previous:
         growth = (seq_len / previous["seq_len"]) ** (2 if impl in QUADRATIC_IMPLS else 1)
         predicted_s = (previous["fwd_bwd_ms"] + previous["fwd_ms"]) * growth / 1e3
         if predicted_s > args.max_seconds:
-            reason = f"predicted {predicted_s:.0f} s from {previous['seq_len']} tokens > --max-seconds {args.max_seconds:g}"
+            reason = (
+                f"predicted {predicted_s:.0f} s from {previous['seq_len']} tokens > --max-seconds {args.max_seconds:g}"
+            )
             return {"impl": impl, "seq_len": seq_len, "skipped": True, "reason": reason}
     try:
         done = subprocess.run(
@@ -276,9 +289,8 @@ def format_table(rows: list[dict], impls: list[str]) -> str:
         cells = [str(seq_len), *(_cell(by_key.get((impl, seq_len))) for impl in impls)]
         pola_row, sdpa_row = by_key.get(("pola", seq_len), {}), by_key.get(("softmax", seq_len), {})
         if "fwd_ms" in pola_row and "fwd_ms" in sdpa_row:
-            cells.append(
-                f"{sdpa_row['fwd_ms'] / pola_row['fwd_ms']:.1f}x, {sdpa_row['fwd_bwd_ms'] / pola_row['fwd_bwd_ms']:.1f}x"
-            )
+            fwd = sdpa_row["fwd_ms"] / pola_row["fwd_ms"]
+            cells.append(f"{fwd:.1f}x, {sdpa_row['fwd_bwd_ms'] / pola_row['fwd_bwd_ms']:.1f}x")
         else:
             cells.append("-")
         lines.append(cells)
@@ -291,7 +303,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="JSON file for the list of rows")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--lengths", type=int, nargs="+", help="sequence lengths (default: 1K..64K, up to 200K on CUDA)")
+    parser.add_argument(
+        "--lengths", type=int, nargs="+", help="sequence lengths (default: 1K..64K, up to 200K on CUDA)"
+    )
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per row at most (median)")
     parser.add_argument("--repeat-seconds", type=float, default=20.0, help="stop repeating a row after this long")
@@ -339,7 +353,10 @@ def main(argv: list[str] | None = None) -> None:
         for impl in args.impls:
             row = run_row(args, impl, seq_len, budget_mb, previous.get(impl))
             rows.append(row)
-            print(f"  {impl:12s} {seq_len:7d}  {_cell(row)}" + (f"  ({row['reason']})" if "reason" in row else ""), flush=True)
+            print(
+                f"  {impl:12s} {seq_len:7d}  {_cell(row)}" + (f"  ({row['reason']})" if "reason" in row else ""),
+                flush=True,
+            )
             if not row.get("oom"):
                 previous[impl] = row
     print()

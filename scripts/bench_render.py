@@ -32,16 +32,16 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Callable
 from pathlib import Path
 
-import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
 import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
+import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
 from pola_gnt.errors import UserError, exit_on_user_error
 from pola_gnt.model import GNT, SourceViews
 from pola_gnt.render.rays import Rays, pixel_rays, sample_depths
@@ -127,8 +127,9 @@ def counted_gflop(step) -> float:
     return counter.get_total_flops() / 1e9
 
 
-def model_steps(kind: str, n_samples: int, args: argparse.Namespace, sources: SourceViews, rays: Rays,
-                device: torch.device) -> tuple[GNT, Callable[[], None], Callable[[], None]]:
+def model_steps(
+    kind: str, n_samples: int, args: argparse.Namespace, sources: SourceViews, rays: Rays, device: torch.device
+) -> tuple[GNT, Callable[[], None], Callable[[], None]]:
     """The model and its render step (eval, inference mode) and training step (forward + backward)."""
     torch.manual_seed(0)
     view_attention, ray_attention = MODELS[kind]
@@ -155,8 +156,9 @@ def model_steps(kind: str, n_samples: int, args: argparse.Namespace, sources: So
     return model, render_step, train_step
 
 
-def bench_samples(n_samples: int, args: argparse.Namespace, sources: SourceViews, rays: Rays,
-                  device: torch.device) -> list[dict]:
+def bench_samples(
+    n_samples: int, args: argparse.Namespace, sources: SourceViews, rays: Rays, device: torch.device
+) -> list[dict]:
     """Every model at one sample count. Timed runs alternate between the models (one of each per
     repeat), so a slow spell of a shared machine hits both alike; figures are medians."""
     steps = {kind: model_steps(kind, n_samples, args, sources, rays, device) for kind in args.models}
@@ -178,26 +180,28 @@ def bench_samples(n_samples: int, args: argparse.Namespace, sources: SourceViews
     for kind, (model, render_step, train_step) in steps.items():
         render_s, train_s = (statistics.median(times[kind, phase]) for phase in ("render", "train"))
         gflop, train_gflop = counted_gflop(render_step), counted_gflop(train_step)
-        rows.append({
-            "model": kind,
-            "n_samples": n_samples,
-            "n_views": args.views,
-            "render_rays_per_s": n_rays / render_s,
-            "train_rays_per_s": n_rays / train_s,
-            "peak_mem_mb": peak_step_memory_mb(train_step, device),
-            "gflop_per_ray": gflop / n_rays,
-            "render_peak_mem_mb": peak_step_memory_mb(render_step, device),
-            "train_gflop_per_ray": train_gflop / n_rays,
-            "render_gflop_per_s": gflop / render_s,
-            "train_gflop_per_s": train_gflop / train_s,
-            "n_rays": n_rays,
-            "repeats": args.repeats,
-            "transformer_params": sum(p.numel() for p in model.parameters()),
-            "encoder": "excluded",
-            "device": str(device),
-            "dtype": "bf16-autocast" if args.bf16 else "fp32",
-            "threads": torch.get_num_threads(),
-        })
+        rows.append(
+            {
+                "model": kind,
+                "n_samples": n_samples,
+                "n_views": args.views,
+                "render_rays_per_s": n_rays / render_s,
+                "train_rays_per_s": n_rays / train_s,
+                "peak_mem_mb": peak_step_memory_mb(train_step, device),
+                "gflop_per_ray": gflop / n_rays,
+                "render_peak_mem_mb": peak_step_memory_mb(render_step, device),
+                "train_gflop_per_ray": train_gflop / n_rays,
+                "render_gflop_per_s": gflop / render_s,
+                "train_gflop_per_s": train_gflop / train_s,
+                "n_rays": n_rays,
+                "repeats": args.repeats,
+                "transformer_params": sum(p.numel() for p in model.parameters()),
+                "encoder": "excluded",
+                "device": str(device),
+                "dtype": "bf16-autocast" if args.bf16 else "fp32",
+                "threads": torch.get_num_threads(),
+            }
+        )
     return rows
 
 
@@ -219,9 +223,7 @@ def print_table(rows: list[dict]) -> None:
         cells = []
         for _, key, fmt in columns:
             gnt, pola = (by_key.get((kind, n_samples)) for kind in MODELS)
-            cells.append(
-                f"| {fmt.format(gnt[key]) if gnt else '-':>10} {fmt.format(pola[key]) if pola else '-':>12}"
-            )
+            cells.append(f"| {fmt.format(gnt[key]) if gnt else '-':>10} {fmt.format(pola[key]) if pola else '-':>12}")
         print(f"{n_samples:>7} " + " ".join(cells))
     if all(kind in {row["model"] for row in rows} for kind in MODELS):
         print("\nPola-GNT / GNT (above 1: Pola-GNT faster or, for memory, larger)")
@@ -273,7 +275,8 @@ def main(argv: list[str] | None = None) -> None:
                 f"{row['model']:>9} S={n_samples:<4} render {row['render_rays_per_s']:8.0f} rays/s  "
                 f"train {row['train_rays_per_s']:8.0f} rays/s  peak {row['peak_mem_mb']:7.0f} MB  "
                 f"{row['gflop_per_ray']:.3f} GFLOP/ray",
-                file=sys.stderr, flush=True,
+                file=sys.stderr,
+                flush=True,
             )
     print(
         f"\n{args.device}, {args.views} views, {args.rays} rays per chunk, width {args.width}, "

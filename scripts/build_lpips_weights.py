@@ -182,9 +182,7 @@ def convert(flax_params: dict[str, np.ndarray], model: lpips.LPIPS, source: str)
     conv_indices = sorted({int(name.split(".")[1]) for name in backbone_parameters(model)})
     flax_convs = {name.split("/")[1] for name in flax_params if name.startswith(f"{backbone}/")}
     if len(flax_convs) != len(conv_indices):
-        raise UserError(
-            f"{source}: {len(flax_convs)} convolutions in {backbone}, LPIPS-{net} has {len(conv_indices)}"
-        )
+        raise UserError(f"{source}: {len(flax_convs)} convolutions in {backbone}, LPIPS-{net} has {len(conv_indices)}")
 
     state = {}
     for conv, layer_index in enumerate(conv_indices):

@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
 import torch
 
+import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
 from pola_gnt.paths import PROJECT_ROOT
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -60,17 +59,29 @@ def lpips_calibration_dir(shared_dir: Path) -> Path:
 # A tiny, fast configuration of the full pipeline (demo scene at 126x94, narrow model), for tests
 # that need a trained run or checkpoint. Keep in one place so every test trains the same way.
 TINY_OVERRIDES = [
-    "data.factor=32", "data.rays_per_step=64", "data.val_rays=256", "data.num_source_views=3",
-    "render.n_samples=8", "render.chunk_rays=4096",
-    "model.net.width=16", "model.net.heads=2", "model.net.n_blocks=2", "model.net.encoder.stage_channels=[8,8,8]",
+    "data.factor=32",
+    "data.rays_per_step=64",
+    "data.val_rays=256",
+    "data.num_source_views=3",
+    "render.n_samples=8",
+    "render.chunk_rays=4096",
+    "model.net.width=16",
+    "model.net.heads=2",
+    "model.net.n_blocks=2",
+    "model.net.encoder.stage_channels=[8,8,8]",
     "trainer.log_every_n_steps=1",
 ]
 
 
 def run_module(module: str, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run `python -m pola_gnt.<module> overrides...` as a user would; returns the finished process."""
-    return subprocess.run([sys.executable, "-m", f"pola_gnt.{module}", *overrides],
-                          capture_output=True, text=True, timeout=timeout, cwd=PROJECT_ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", f"pola_gnt.{module}", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=PROJECT_ROOT,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -79,8 +90,14 @@ def tiny_runs(tmp_path_factory) -> dict[str, Path]:
     runs = {}
     for model in ("gnt", "pola_gnt"):
         run_dir = tmp_path_factory.mktemp(f"tiny_{model}")
-        result = run_module("train", f"model={model}", *TINY_OVERRIDES, "trainer.max_steps=6",
-                            "trainer.val_check_interval=3", f"hydra.run.dir={run_dir}")
+        result = run_module(
+            "train",
+            f"model={model}",
+            *TINY_OVERRIDES,
+            "trainer.max_steps=6",
+            "trainer.val_check_interval=3",
+            f"hydra.run.dir={run_dir}",
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         runs[model] = run_dir
     return runs

@@ -8,9 +8,9 @@ import math
 import imageio.v3 as iio
 import pytest
 import torch
+from conftest import TINY_OVERRIDES, run_module
 from omegaconf import OmegaConf
 
-from conftest import TINY_OVERRIDES, run_module
 from pola_gnt.analyze import (
     ENTROPY_METHODS,
     analyze,
@@ -42,7 +42,11 @@ def test_analyze_pola_checkpoint_writes_figures_and_numbers(tiny_runs, tmp_path)
 
     document = json.loads((tmp_path / "analysis.json").read_text())
     assert document["model"] == "pola_gnt" and document["n_rays"] == 64
-    n_blocks, n_samples, n_views = _tiny("model.net.n_blocks"), _tiny("render.n_samples"), _tiny("data.num_source_views")
+    n_blocks, n_samples, n_views = (
+        _tiny("model.net.n_blocks"),
+        _tiny("render.n_samples"),
+        _tiny("data.num_source_views"),
+    )
     layers = document["layers"]
     assert [layer["name"].split(".")[2] for layer in layers] == ["view_block", "ray_block"] * n_blocks
     for layer in layers:
@@ -117,7 +121,7 @@ def test_gate_projection_separates_distinct_streams_only():
     heads, head_dim, tokens = 2, 8, 400
     noise = torch.randn(tokens, heads, head_dim, generator=generator)
     shifted = noise.clone()
-    shifted[..., head_dim // 2:] += 5.0  # opposite-sign channels far from the same-sign ones: separation 5
+    shifted[..., head_dim // 2 :] += 5.0  # opposite-sign channels far from the same-sign ones: separation 5
     apart = gate_projection(shifted.flatten(1), heads)
     together = gate_projection(noise.flatten(1), heads)
     assert apart.summary["separation"] > 4.0 and together.summary["separation"] < 0.5
@@ -137,4 +141,3 @@ def test_temperature_pairs_follow_the_feature_maps():
     assert torch.equal(pairs["streams_pos"][1], torch.tensor([0.7, 0.8]))
     assert torch.equal(pairs["streams_neg"][0], torch.tensor([0.3, 0.4]))
     assert torch.equal(pairs["streams_neg"][1], torch.tensor([0.5, 0.6]))
-

@@ -81,7 +81,9 @@ def test_learned_temperatures_walks_pola_modules():
 
 def test_capture_gates_records_gates_of_every_forward():
     torch.manual_seed(0)
-    model = nn.ModuleDict({"view": build_view_attention("pola", DIM, HEADS), "ray": build_ray_attention("pola", DIM, HEADS)})
+    model = nn.ModuleDict(
+        {"view": build_view_attention("pola", DIM, HEADS), "ray": build_ray_attention("pola", DIM, HEADS)}
+    )
     query, tokens = torch.randn(3, DIM), torch.randn(3, 4, DIM)
     rel_dirs, mask = torch.randn(3, 4, 4), torch.ones(3, 4, dtype=torch.bool)
     samples = torch.randn(2, 5, DIM)

@@ -86,7 +86,12 @@ def _run(form, q, k, v, temp_same, temp_opp, key_mask=None):
         if form == "chunked":
             patch.setattr(functional, "SHORT_SEQUENCE", 0)
         return polarity_attention(
-            q, k, v, temp_same.unsqueeze(-2), temp_opp.unsqueeze(-2), key_mask,
+            q,
+            k,
+            v,
+            temp_same.unsqueeze(-2),
+            temp_opp.unsqueeze(-2),
+            key_mask,
             form="linear" if form == "chunked" else form,
         )
 
@@ -129,7 +134,9 @@ def test_masking_a_key_equals_deleting_it(form):
     # Huge values on the masked keys: any leak into numerator or denominator would show.
     k[..., ~kept, :] *= 50
     v[..., ~kept, :] *= 1e4
-    torch.testing.assert_close(_run(form, q, k, v, ts, to, mask), _run(form, q, k[..., kept, :], v[..., kept, :], ts, to))
+    torch.testing.assert_close(
+        _run(form, q, k, v, ts, to, mask), _run(form, q, k[..., kept, :], v[..., kept, :], ts, to)
+    )
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -348,8 +355,13 @@ def _view_as_quadratic(q, k, v, ts, to, mask):
     """The same function through the general entry point: one query, heads split."""
     heads = q.shape[-2]
     out = polarity_attention(
-        q.unsqueeze(-2), k.transpose(-2, -3), v.transpose(-2, -3), ts.unsqueeze(-2), to.unsqueeze(-2),
-        mask.unsqueeze(-2).expand(-1, heads, -1), form="quadratic",
+        q.unsqueeze(-2),
+        k.transpose(-2, -3),
+        v.transpose(-2, -3),
+        ts.unsqueeze(-2),
+        to.unsqueeze(-2),
+        mask.unsqueeze(-2).expand(-1, heads, -1),
+        form="quadratic",
     )
     return out.squeeze(-2)
 
@@ -358,8 +370,12 @@ def _view_as_quadratic(q, k, v, ts, to, mask):
 def test_view_form_matches_reference(views):
     (q, k, v, ts, to), mask = _view_inputs(views=views, dtype=torch.float32)
     expected = reference_attention(
-        q.double().unsqueeze(-2), k.double().transpose(-2, -3), v.double().transpose(-2, -3),
-        ts.double(), to.double(), mask.unsqueeze(-2).expand(-1, q.shape[-2], -1),
+        q.double().unsqueeze(-2),
+        k.double().transpose(-2, -3),
+        v.double().transpose(-2, -3),
+        ts.double(),
+        to.double(),
+        mask.unsqueeze(-2).expand(-1, q.shape[-2], -1),
     ).squeeze(-2)
     out = polarity_view_attention(q, k, v, ts, to, mask)
     assert out.dtype == torch.float32 and out.shape == q.shape
@@ -399,7 +415,9 @@ def test_view_form_masked_views_have_no_effect():
 @pytest.mark.parametrize("scale", [1.0, 1e3])
 def test_view_form_bf16_autocast_and_half_inputs_are_finite(scale):
     (q, k, v, ts, to), mask = _view_inputs(points=16, views=10, d=8, dtype=torch.float32)
-    expected = polarity_view_attention(*(x.double() * s for x, s in zip((q, k, v, ts, to), (scale, scale, scale, 1, 1))), mask)
+    expected = polarity_view_attention(
+        *(x.double() * s for x, s in zip((q, k, v, ts, to), (scale, scale, scale, 1, 1))), mask
+    )
     leaves = [(x * s).requires_grad_(True) for x, s in zip((q, k, v), (scale, scale, scale))]
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = polarity_view_attention((leaves[0] @ torch.eye(8)), *leaves[1:], ts, to, mask)
@@ -419,10 +437,14 @@ def test_view_form_bf16_autocast_and_half_inputs_are_finite(scale):
 def test_fast_expm1_is_accurate_over_the_feature_range():
     """The fp32 CPU `expm1_` (Kahan's formula) against fp64 `expm1`: a few ulp everywhere, including
     0, denormals, values below fp32's resolution of exp(z) and the clamp bound."""
-    z = torch.cat([
-        torch.zeros(3), torch.logspace(-44, 0, 4000, dtype=torch.float64).float(),
-        torch.linspace(0, EXPONENT_CLAMP, 4000), torch.tensor([EXPONENT_CLAMP]),
-    ])
+    z = torch.cat(
+        [
+            torch.zeros(3),
+            torch.logspace(-44, 0, 4000, dtype=torch.float64).float(),
+            torch.linspace(0, EXPONENT_CLAMP, 4000),
+            torch.tensor([EXPONENT_CLAMP]),
+        ]
+    )
     expected = torch.expm1(z.double())
     out = expm1_(z.clone())
     assert torch.equal(out[:3], torch.zeros(3))

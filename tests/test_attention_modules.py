@@ -187,6 +187,8 @@ def test_lepe_shifted_sums_equal_the_depthwise_convolution():
     reference = conv(x.transpose(-1, -2)).transpose(-1, -2)
     torch.testing.assert_close(ours, reference)
     grad = torch.randn_like(ours)
-    for a, b in zip(torch.autograd.grad(ours, (x, *conv.parameters()), grad),
-                    torch.autograd.grad(reference, (x, *conv.parameters()), grad)):
+    for a, b in zip(
+        torch.autograd.grad(ours, (x, *conv.parameters()), grad),
+        torch.autograd.grad(reference, (x, *conv.parameters()), grad),
+    ):
         torch.testing.assert_close(a, b)

@@ -28,16 +28,35 @@ def test_softmax_ray_attention_flops_include_the_quadratic_term():
         tokens = torch.randn(rays, samples, dim)
         projections = 2 * rays * samples * dim * (3 * dim + dim)
         quadratic = 4 * rays * samples * samples * dim
-        assert bench.counted_gflop(lambda: attention(tokens)) * 1e9 == projections + quadratic
+        assert bench.counted_gflop(lambda tokens=tokens: attention(tokens)) * 1e9 == projections + quadratic
         tokens.requires_grad_(True)
-        assert bench.counted_gflop(lambda: attention(tokens).sum().backward()) * 1e9 > 3 * (projections + quadratic)
+        assert bench.counted_gflop(lambda tokens=tokens: attention(tokens).sum().backward()) * 1e9 > 3 * (
+            projections + quadratic
+        )
 
 
 def test_bench_render_runs_both_models_and_reports_ratios(tmp_path, capsys):
     bench = _bench_render()
     out = tmp_path / "bench.json"
-    bench.main(["--out", str(out), "--samples", "8", "24", "--rays", "2", "--views", "3",
-                "--width", "16", "--blocks", "1", "--repeats", "1"])
+    bench.main(
+        [
+            "--out",
+            str(out),
+            "--samples",
+            "8",
+            "24",
+            "--rays",
+            "2",
+            "--views",
+            "3",
+            "--width",
+            "16",
+            "--blocks",
+            "1",
+            "--repeats",
+            "1",
+        ]
+    )
     rows = json.loads(out.read_text())
     assert {(row["model"], row["n_samples"]) for row in rows} == {
         (kind, samples) for kind in ("gnt", "pola_gnt") for samples in (8, 24)

@@ -96,6 +96,7 @@ def test_vgg_weights_are_complete_and_sane(built_weights, lpips_calibration_dir)
 
     # Calibration pairs at a quarter of their size (VGG at full size is slow on a small CPU).
     names = sorted(json.loads((lpips_calibration_dir / "expected.json").read_text())["scores"])
+
     def batch(kind: str) -> torch.Tensor:  # [3 pairs, 3, 96, 128]
         images = [read_image(lpips_calibration_dir / kind / f"{name}.bmp").permute(2, 0, 1) for name in names]
         return F.avg_pool2d(torch.stack(images), 4)

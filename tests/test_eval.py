@@ -9,14 +9,13 @@ from pathlib import Path
 import imageio.v3 as iio
 import pytest
 import torch
+from conftest import TINY_OVERRIDES, run_module
 from hydra import compose, initialize_config_dir
 
 from pola_gnt.checkpoints import checkpoint_config, run_config_with_overrides
 from pola_gnt.config import CONFIG_DIR
 from pola_gnt.errors import UserError
 from pola_gnt.eval import evaluate, load_trained_checkpoint
-
-from conftest import TINY_OVERRIDES, run_module
 
 METRICS = ("psnr", "ssim", "lpips")
 
@@ -92,8 +91,9 @@ def test_explicit_lpips_net_wins_over_the_gnt_protocol_default(tiny_runs, tmp_pa
 def _run_config(checkpoint: Path, *overrides: str):
     """The config `eval` would use for `checkpoint` with these command-line overrides."""
     overrides = [*overrides, f"ckpt_path={checkpoint}"]
-    return run_config_with_overrides(checkpoint, checkpoint_config(checkpoint), compose_config(*overrides),
-                                     overrides, Path(CONFIG_DIR))
+    return run_config_with_overrides(
+        checkpoint, checkpoint_config(checkpoint), compose_config(*overrides), overrides, Path(CONFIG_DIR)
+    )
 
 
 def test_run_config_is_the_checkpoints_plus_explicit_keys(tiny_runs):
@@ -104,8 +104,14 @@ def test_run_config_is_the_checkpoints_plus_explicit_keys(tiny_runs):
         assert plain[section] == stored[section], section
     # The trainer is the command line's (accelerator of this machine), never the checkpoint's.
     assert plain.trainer.max_steps == compose_config().trainer.max_steps != stored.trainer.max_steps
-    changed = _run_config(checkpoint, "data.factor=16", "render.chunk_rays=123", "metrics.quantize_8bit=false",
-                          "scene=fern", "trainer.precision=bf16-mixed")
+    changed = _run_config(
+        checkpoint,
+        "data.factor=16",
+        "render.chunk_rays=123",
+        "metrics.quantize_8bit=false",
+        "scene=fern",
+        "trainer.precision=bf16-mixed",
+    )
     assert (changed.data.factor, changed.render.chunk_rays, changed.metrics.quantize_8bit) == (16, 123, False)
     assert changed.scene.name == "fern" and changed.trainer.precision == "bf16-mixed"
     assert changed.data.num_source_views == stored.data.num_source_views  # not given: the checkpoint's
@@ -134,8 +140,9 @@ def test_bad_checkpoints_are_one_error_line(tiny_runs, tmp_path):
     assert "pola_gnt" in result.stderr and "gnt" in result.stderr
     corrupt = tmp_path / "corrupt.ckpt"
     corrupt.write_bytes(b"PK\x03\x04 not a checkpoint" * 10)
-    assert_one_error_line(run_module("eval", f"ckpt_path={corrupt}", f"hydra.run.dir={tmp_path / 'corrupt'}"),
-                          str(corrupt))
+    assert_one_error_line(
+        run_module("eval", f"ckpt_path={corrupt}", f"hydra.run.dir={tmp_path / 'corrupt'}"), str(corrupt)
+    )
     assert not (tmp_path / "other" / "metrics.json").exists()
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import imageio.v3 as iio
 import numpy as np
 import pytest
+from conftest import TINY_OVERRIDES
 from hydra import compose, initialize_config_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,8 +27,6 @@ from pola_gnt.data.scenes import load_scene
 from pola_gnt.errors import UserError
 from pola_gnt.paths import PROJECT_ROOT
 
-from conftest import TINY_OVERRIDES
-
 HYPOTHESIS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -39,17 +38,26 @@ def compose_config(*overrides: str):
 # ---- config values -------------------------------------------------------------------------------
 
 BAD_VALUES = [
-    ("optim.decay_rate=abc", "optim.decay_rate"), ("optim.decay_rate=-0.5", "optim.decay_rate"),
-    ("optim.decay_rate=0", "optim.decay_rate"), ("optim.decay_rate=1.5", "optim.decay_rate"),
-    ("data.llffhold=0", "data.llffhold"), ("data.llffhold=abc", "data.llffhold"),
+    ("optim.decay_rate=abc", "optim.decay_rate"),
+    ("optim.decay_rate=-0.5", "optim.decay_rate"),
+    ("optim.decay_rate=0", "optim.decay_rate"),
+    ("optim.decay_rate=1.5", "optim.decay_rate"),
+    ("data.llffhold=0", "data.llffhold"),
+    ("data.llffhold=abc", "data.llffhold"),
     ("trainer.val_check_interval=0", "trainer.val_check_interval"),
     ("trainer.val_check_interval=5000", "trainer.val_check_interval"),
-    ("trainer.max_steps=0", "trainer.max_steps"), ("trainer.max_steps=-1", "trainer.max_steps"),
+    ("trainer.max_steps=0", "trainer.max_steps"),
+    ("trainer.max_steps=-1", "trainer.max_steps"),
     ("trainer.gradient_clip_val=-1", "trainer.gradient_clip_val"),
     ("trainer.gradient_clip_val=abc", "trainer.gradient_clip_val"),
-    ("seed=-1", "seed"), ("seed=abc", "seed"), ("seed=1.5", "seed"), ("seed=4294967296", "seed"),
-    ("optim.lr_transformer=nan", "optim.lr_transformer"), ("optim.lr_encoder=inf", "optim.lr_encoder"),
-    ("data.crop=[10]", "data.crop"), ("data.random_source_views=maybe", "data.random_source_views"),
+    ("seed=-1", "seed"),
+    ("seed=abc", "seed"),
+    ("seed=1.5", "seed"),
+    ("seed=4294967296", "seed"),
+    ("optim.lr_transformer=nan", "optim.lr_transformer"),
+    ("optim.lr_encoder=inf", "optim.lr_encoder"),
+    ("data.crop=[10]", "data.crop"),
+    ("data.random_source_views=maybe", "data.random_source_views"),
     ("trainer.log_every_n_steps=0", "trainer.log_every_n_steps"),
 ]
 
@@ -62,17 +70,24 @@ def test_bad_config_value_is_one_user_error(override, key):
 
 
 def test_good_configs_pass():
-    for overrides in ([], ["experiment=paper"], ["optim.decay_rate=1", "trainer.gradient_clip_val=0", "seed=0"],
-                      ["data.crop=[32,32]", "trainer.val_check_interval=1.0"]):
+    for overrides in (
+        [],
+        ["experiment=paper"],
+        ["optim.decay_rate=1", "trainer.gradient_clip_val=0", "seed=0"],
+        ["data.crop=[32,32]", "trainer.val_check_interval=1.0"],
+    ):
         validate_config(compose_config(*overrides))
 
 
-@pytest.mark.parametrize("override, fragment", [
-    ("data.num_source_views=100", "data.num_source_views: 100 requested"),
-    ("data.llffhold=1", "data.llffhold: 1 leaves 0 training"),
-    ("data.rays_per_step=100000", "data.rays_per_step"),
-    ("data.crop=[1000,1000]", "data.crop"),
-])
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("data.num_source_views=100", "data.num_source_views: 100 requested"),
+        ("data.llffhold=1", "data.llffhold: 1 leaves 0 training"),
+        ("data.rays_per_step=100000", "data.rays_per_step"),
+        ("data.crop=[1000,1000]", "data.crop"),
+    ],
+)
 def test_config_checked_against_the_scene(override, fragment):
     cfg = compose_config(override)
     validate_config(cfg)
@@ -80,11 +95,28 @@ def test_config_checked_against_the_scene(override, fragment):
         check_scene_config(cfg, load_scene(cfg.scene, cfg.data))
 
 
-CONFIG_KEYS = ["seed", "optim.decay_rate", "optim.decay_steps", "optim.lr_transformer", "data.llffhold",
-               "data.num_source_views", "trainer.max_steps", "trainer.val_check_interval",
-               "trainer.gradient_clip_val", "render.n_samples", "data.crop", "data.random_source_views"]
-VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=True),
-                   st.text(max_size=8), st.lists(st.integers(-5, 500), max_size=3))
+CONFIG_KEYS = [
+    "seed",
+    "optim.decay_rate",
+    "optim.decay_steps",
+    "optim.lr_transformer",
+    "data.llffhold",
+    "data.num_source_views",
+    "trainer.max_steps",
+    "trainer.val_check_interval",
+    "trainer.gradient_clip_val",
+    "render.n_samples",
+    "data.crop",
+    "data.random_source_views",
+]
+VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.lists(st.integers(-5, 500), max_size=3),
+)
 
 
 @HYPOTHESIS
@@ -154,8 +186,11 @@ MODES = ["1", "L", "LA", "P", "PA", "RGB", "RGBA", "I;16", "CMYK", "YCbCr", "I",
 
 
 @HYPOTHESIS
-@given(pixels=hnp.arrays(np.uint8, st.tuples(st.integers(1, 9), st.integers(1, 9), st.just(3))),
-       mode=st.sampled_from(MODES), ext=st.sampled_from([".png", ".jpg", ".jpeg", ".PNG"]))
+@given(
+    pixels=hnp.arrays(np.uint8, st.tuples(st.integers(1, 9), st.integers(1, 9), st.just(3))),
+    mode=st.sampled_from(MODES),
+    ext=st.sampled_from([".png", ".jpg", ".jpeg", ".PNG"]),
+)
 def test_any_image_mode_loads_or_is_a_user_error(pixels, mode, ext, tmp_path):
     image = Image.fromarray(pixels)
     try:
@@ -238,12 +273,24 @@ def test_data_check_writes_nothing(tmp_path):
     """`python -m pola_gnt.data` prints the summary and leaves no run folder or log anywhere."""
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
     before = set(PROJECT_ROOT.iterdir())
-    result = subprocess.run([sys.executable, "-m", "pola_gnt.data", "data.factor=32"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "pola_gnt.data", "data.factor=32"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "scene" in result.stdout and list(tmp_path.iterdir()) == [] and set(PROJECT_ROOT.iterdir()) == before
-    bad = subprocess.run([sys.executable, "-m", "pola_gnt.data", "data.llffhold=abc"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "pola_gnt.data", "data.llffhold=abc"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: data.llffhold")
     assert list(tmp_path.iterdir()) == []
     shutil.rmtree(tmp_path, ignore_errors=True)

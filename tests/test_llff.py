@@ -81,7 +81,9 @@ def test_source_views_nearest_and_random(fern):
     others = [i for i in fern.train_ids if i not in chosen and i != 5]
     assert torch.linalg.norm(centers[others] - centers[5], dim=-1).min() >= distances.max()
     # For a test view, the nearest training views (deterministic).
-    assert nearest_views(centers[0], centers, fern.train_ids, 4) == nearest_views(centers[0], centers, fern.train_ids, 4)
+    assert nearest_views(centers[0], centers, fern.train_ids, 4) == nearest_views(
+        centers[0], centers, fern.train_ids, 4
+    )
     rng = np.random.default_rng(0)
     draws = [random_training_views(centers[5], centers, fern.train_ids, 6, 5, rng) for _ in range(50)]
     assert all(4 <= len(d) <= 8 and 5 not in d and len(set(d)) == len(d) for d in draws)
@@ -123,6 +125,7 @@ def test_jpg_and_any_names(fern_dir, tmp_path):
 
 
 # ---- bad input: one `error:` line naming the file, exit code 2 ------------------------------------
+
 
 def _corrupt_poses_shape(scene: Path) -> str:
     np.save(scene / "poses_bounds.npy", np.zeros((20, 15)))
@@ -168,8 +171,16 @@ def _no_factor_folder(scene: Path) -> str:
     return "images_8: not found, and no images/"
 
 
-BAD_INPUTS = [_corrupt_poses_shape, _corrupt_poses_nan, _corrupt_poses_garbage, _missing_poses,
-              _count_mismatch, _truncated_image, _odd_size_image, _no_factor_folder]
+BAD_INPUTS = [
+    _corrupt_poses_shape,
+    _corrupt_poses_nan,
+    _corrupt_poses_garbage,
+    _missing_poses,
+    _count_mismatch,
+    _truncated_image,
+    _odd_size_image,
+    _no_factor_folder,
+]
 
 
 @pytest.mark.parametrize("corrupt", BAD_INPUTS, ids=lambda f: f.__name__.strip("_"))
@@ -183,13 +194,24 @@ def test_bad_input_raises_user_error(corrupt, fern_dir, tmp_path):
 def _run_data_check(*overrides: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env_extra or {})}
     return subprocess.run(
-        [sys.executable, "-m", "pola_gnt.data", *overrides, "hydra.run.dir=" + str(PROJECT_ROOT / "outputs" / "_data_check"),
-         "hydra.output_subdir=null"],
-        capture_output=True, text=True, env=env, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pola_gnt.data",
+            *overrides,
+            "hydra.run.dir=" + str(PROJECT_ROOT / "outputs" / "_data_check"),
+            "hydra.output_subdir=null",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
 
 
-@pytest.mark.parametrize("corrupt", [_count_mismatch, _truncated_image, _corrupt_poses_nan], ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize(
+    "corrupt", [_count_mismatch, _truncated_image, _corrupt_poses_nan], ids=lambda f: f.__name__.strip("_")
+)
 def test_bad_input_cli_one_error_line(corrupt, fern_dir, tmp_path):
     scene = _copy_scene(fern_dir, tmp_path / "myscene")
     corrupt(scene)

@@ -229,8 +229,11 @@ def test_weights_lookup_order(tmp_path, monkeypatch):
 def test_env_var_serves_both_networks(tmp_path, monkeypatch, capsys):
     """`$POLA_GNT_LPIPS_WEIGHTS` naming the AlexNet file (or a folder) finds the VGG file beside it;
     without one, VGG is unavailable (one line), never loaded from the AlexNet weights."""
-    monkeypatch.setattr(torch.hub, "load_state_dict_from_url",
-                        lambda *a, **k: (_ for _ in ()).throw(urllib.error.URLError("offline (simulated)")))
+    monkeypatch.setattr(
+        torch.hub,
+        "load_state_dict_from_url",
+        lambda *a, **k: (_ for _ in ()).throw(urllib.error.URLError("offline (simulated)")),
+    )
     alex = tmp_path / "alex_v0.1.npz"
     np.savez(alex, **_random_weights("alex"))
     monkeypatch.setenv(LPIPS_WEIGHTS_ENV, str(alex))

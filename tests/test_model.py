@@ -319,16 +319,22 @@ def test_view_invisible_to_every_sample_is_the_same_as_no_view(kind):
     looking_back = torch.diag(torch.tensor([-1.0, 1.0, -1.0, 1.0]))
     with_extra = make_sources(torch.cat([c2w, looking_back[None]]), seed=3)
     without_extra = SourceViews(
-        images=with_extra.images[:4], features=with_extra.features[:4],
-        c2w=with_extra.c2w[:4], intrinsics=with_extra.intrinsics[:4],
+        images=with_extra.images[:4],
+        features=with_extra.features[:4],
+        c2w=with_extra.c2w[:4],
+        intrinsics=with_extra.intrinsics[:4],
     )
     rays = target_rays([(5.0, 4.0), (16.0, 12.0), (27.0, 20.0)])
     depths = torch.linspace(2.0, 6.0, 10).expand(3, 10)
     with torch.no_grad():
         out_with = model(rays, depths, with_extra)
         out_without = model(rays, depths, without_extra)
-    assert not gather_source_samples(
-        rays.origins[:, None] + depths[..., None] * rays.directions[:, None], rays.origins, with_extra
-    ).visible[..., 4].any()
+    assert (
+        not gather_source_samples(
+            rays.origins[:, None] + depths[..., None] * rays.directions[:, None], rays.origins, with_extra
+        )
+        .visible[..., 4]
+        .any()
+    )
     assert torch.allclose(out_with.rgb, out_without.rgb, atol=1e-5)
     assert torch.allclose(out_with.depth, out_without.depth, atol=1e-5)

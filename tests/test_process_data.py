@@ -80,12 +80,28 @@ def test_fern_folder_round_trip(fern_processed, fern_dir):
 def test_fern_scene_layout_reads_with_the_loader(fern_processed):
     out, summary = fern_processed
     assert sorted(p.name for p in out.iterdir()) == [
-        "colmap", "images", "images_4", "images_8", "poses_bounds.npy", "process_data.json"]
-    assert {p.name for p in (out / "colmap" / "sparse" / "0").iterdir()} >= {"cameras.bin", "images.bin", "points3D.bin"}
+        "colmap",
+        "images",
+        "images_4",
+        "images_8",
+        "poses_bounds.npy",
+        "process_data.json",
+    ]
+    assert {p.name for p in (out / "colmap" / "sparse" / "0").iterdir()} >= {
+        "cameras.bin",
+        "images.bin",
+        "points3D.bin",
+    }
     stored = json.loads((out / "process_data.json").read_text())
     assert stored == json.loads(json.dumps(summary))
-    for key in ("images_given", "images_registered", "points", "mean_reprojection_error_px", "mean_track_length",
-                "time_s"):
+    for key in (
+        "images_given",
+        "images_registered",
+        "points",
+        "mean_reprojection_error_px",
+        "mean_track_length",
+        "time_s",
+    ):
         assert key in stored
     assert stored["points"] > 500 and stored["mean_reprojection_error_px"] < 1.5
     full = load_llff_scene(out, factor=1)
@@ -131,7 +147,7 @@ def _write_video(file: Path, images: list[np.ndarray], blurred_copies: bool = Tr
     writer.send(None)
     for image in images:
         blurred = np.asarray(Image.fromarray(image).filter(ImageFilter.GaussianBlur(2)))
-        for frame in ((blurred, image, blurred) if blurred_copies else (image,)):
+        for frame in (blurred, image, blurred) if blurred_copies else (image,):
             writer.send(np.ascontiguousarray(frame))
     writer.close()
 
@@ -154,11 +170,15 @@ def _demo_grid_rig(columns: int, rows: int) -> np.ndarray:
 
     poses = []
     for row in range(rows):
-        for column in (range(columns) if row % 2 == 0 else reversed(range(columns))):
+        for column in range(columns) if row % 2 == 0 else reversed(range(columns)):
             i = len(poses)
-            position = np.array([-0.6 + 1.2 * column / (columns - 1) + 0.04 * np.sin(1.7 * i + 0.3),
-                                 -0.3 + 0.6 * row / (rows - 1) + 0.03 * np.sin(2.3 * i + 1.1),
-                                 0.08 * np.sin(1.3 * i + 0.7)])
+            position = np.array(
+                [
+                    -0.6 + 1.2 * column / (columns - 1) + 0.04 * np.sin(1.7 * i + 0.3),
+                    -0.3 + 0.6 * row / (rows - 1) + 0.03 * np.sin(2.3 * i + 1.1),
+                    0.08 * np.sin(1.3 * i + 0.7),
+                ]
+            )
             target = np.array([0.25 * np.sin(0.9 * i), 0.3 + 0.15 * np.cos(1.1 * i), 6.0])
             poses.append(_look_at(position, target, roll=np.radians(2.0) * np.sin(1.9 * i)))
     return np.stack(poses)
@@ -183,8 +203,15 @@ def test_demo_scene_round_trip(tmp_path):
     assert summary["images_registered"] == 40
     poses, bounds = read_poses_bounds(tmp_path / "scene" / "poses_bounds.npy")
     depth_pixels = pixel_grid(189, 252).double()  # exact depths traced at 1/16 of the full resolution
-    exact = np.array([np.percentile(_trace_depth(torch.from_numpy(pose), torch.from_numpy(demo_intrinsics(16)),
-                                                 depth_pixels).numpy(), [0.1, 99.9]) for pose in c2w])
+    exact = np.array(
+        [
+            np.percentile(
+                _trace_depth(torch.from_numpy(pose), torch.from_numpy(demo_intrinsics(16)), depth_pixels).numpy(),
+                [0.1, 99.9],
+            )
+            for pose in c2w
+        ]
+    )
     errors = camera_errors(llff_to_opencv(poses[:, :, :4]), c2w)
     assert errors.centre_error < MAX_CENTRE_ERROR, errors
     assert errors.rotation_error_deg < MAX_ROTATION_ERROR_DEG, errors

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import errno
 import json
-import math
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_OVERRIDES
 from hydra import compose, initialize_config_dir
 
 from pola_gnt.config import CONFIG_DIR
@@ -25,8 +25,6 @@ from pola_gnt.model.lightning import GNTSystem
 from pola_gnt.paths import PROJECT_ROOT
 from pola_gnt.runfiles import LOCK_NAME, NonFiniteError, RunLock, SafeCheckpointIO, write_atomic
 from pola_gnt.train import train
-
-from conftest import TINY_OVERRIDES
 
 COMMON = ["model=pola_gnt", *TINY_OVERRIDES, "seed=3", "trainer.val_check_interval=2"]
 MAX_STEPS = 8
@@ -142,8 +140,9 @@ def test_divergence_stops_at_once_and_keeps_last_good_checkpoint(fault, tmp_path
 
 def test_checkpoint_io_refuses_non_finite_weights(tmp_path):
     with pytest.raises(NonFiniteError):
-        SafeCheckpointIO().save_checkpoint({"state_dict": {"w": torch.tensor([1.0, float("inf")])},
-                                            "global_step": 7}, tmp_path / "x.ckpt")
+        SafeCheckpointIO().save_checkpoint(
+            {"state_dict": {"w": torch.tensor([1.0, float("inf")])}, "global_step": 7}, tmp_path / "x.ckpt"
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -166,14 +165,23 @@ def _train_command(run_dir: Path, *extra: str) -> list[str]:
 
 
 def test_second_run_on_a_folder_refuses_and_a_killed_run_is_resumed(tmp_path):
-    first = subprocess.Popen(_train_command(tmp_path, "trainer.max_steps=400"), cwd=PROJECT_ROOT,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        _train_command(tmp_path, "trainer.max_steps=400"),
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.time() + 120
         while not (tmp_path / "checkpoints" / "last.ckpt").is_file() and time.time() < deadline:
             time.sleep(0.2)
-        second = subprocess.run(_train_command(tmp_path, "trainer.max_steps=400", "seed=4"), cwd=PROJECT_ROOT,
-                                capture_output=True, text=True, timeout=300)
+        second = subprocess.run(
+            _train_command(tmp_path, "trainer.max_steps=400", "seed=4"),
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         lines = second.stderr.strip().splitlines()
         assert second.returncode == 2 and len(lines) == 1, second.stderr[-2000:]
         assert lines[0].startswith("error:") and f"pid {first.pid}" in lines[0]
@@ -182,15 +190,25 @@ def test_second_run_on_a_folder_refuses_and_a_killed_run_is_resumed(tmp_path):
         first.wait()
     assert (tmp_path / LOCK_NAME).exists()  # left by the killed run: stale
     (tmp_path / "checkpoints" / ".last.ckpt.half.tmp").write_bytes(b"half")  # a write cut short
-    resumed = subprocess.run(_train_command(tmp_path, f"trainer.max_steps={MAX_STEPS}", "ckpt_path=last"),
-                             cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        _train_command(tmp_path, f"trainer.max_steps={MAX_STEPS}", "ckpt_path=last"),
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert not list((tmp_path / "checkpoints").glob(".*.tmp")) and not (tmp_path / LOCK_NAME).exists()
 
 
 def test_sigterm_to_a_real_process_exits_143_with_one_line(tmp_path):
-    process = subprocess.Popen(_train_command(tmp_path, "trainer.max_steps=400"), cwd=PROJECT_ROOT,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        _train_command(tmp_path, "trainer.max_steps=400"),
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while not (tmp_path / "checkpoints" / "last.ckpt").is_file() and time.time() < deadline:
         time.sleep(0.2)
@@ -233,8 +251,7 @@ def small_disk(tmp_path):
     """A 3 MB tmpfs (needs root); skipped where it cannot be mounted."""
     mount_point = tmp_path / "disk"
     mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mount_point)],
-                            capture_output=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mount_point)], capture_output=True)
     if result.returncode != 0:
         pytest.skip("cannot mount a small tmpfs here")
     yield mount_point
@@ -245,14 +262,23 @@ def small_disk(tmp_path):
 def test_training_on_a_full_or_read_only_disk(small_disk, mode):
     run_dir = small_disk / "run"
     if mode == "full":
-        result = subprocess.run(_train_command(run_dir, "trainer.max_steps=4", "model.net.width=64",
-                                               "model.net.heads=2"),
-                                cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            _train_command(run_dir, "trainer.max_steps=4", "model.net.width=64", "model.net.heads=2"),
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     else:
         run_dir.mkdir()
         subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
-        result = subprocess.run(_train_command(run_dir / "sub", "trainer.max_steps=4"),
-                                cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            _train_command(run_dir / "sub", "trainer.max_steps=4"),
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     lines = [line for line in result.stderr.strip().splitlines() if line.startswith("error:")]
     assert result.returncode == 2, result.stderr[-3000:]
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -266,8 +292,11 @@ def test_training_on_a_full_or_read_only_disk(small_disk, mode):
 def test_metrics_json_is_strict_json_with_null_reasons(tmp_path):
     from pola_gnt.evaluation import ViewResult, write_results
 
-    results = [ViewResult(0, "a.png", {"psnr": float("nan"), "ssim": 0.5, "lpips": None},
-                          {"psnr": 10.0, "ssim": 0.1, "lpips": None})]
+    results = [
+        ViewResult(
+            0, "a.png", {"psnr": float("nan"), "ssim": 0.5, "lpips": None}, {"psnr": 10.0, "ssim": 0.1, "lpips": None}
+        )
+    ]
     document = write_results(tmp_path, {"scene": "x"}, results, (1.0, 2.0), save_images=False)
     text = (tmp_path / "metrics.json").read_text()
     parsed = json.loads(text, parse_constant=lambda name: pytest.fail(f"non-strict JSON constant {name}"))
@@ -285,16 +314,22 @@ def test_random_sigkills_then_resume_give_the_uninterrupted_metrics(tmp_path):
     steps = ["trainer.max_steps=12"]
     straight = tmp_path / "straight"
     started = time.monotonic()
-    done = subprocess.run(_train_command(straight, *steps), cwd=PROJECT_ROOT, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        _train_command(straight, *steps), cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     # Kill moments scale with this machine's speed: within the first 90% of an uninterrupted run.
     duration = time.monotonic() - started
     run_dir, kills = tmp_path / "killed", 0
     for attempt in range(7):  # six random kills, then a run left to finish
         resume = ["ckpt_path=last"] if (run_dir / "checkpoints" / "last.ckpt").is_file() else []
-        process = subprocess.Popen(_train_command(run_dir, *steps, *resume), cwd=PROJECT_ROOT,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            _train_command(run_dir, *steps, *resume),
+            cwd=PROJECT_ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             process.wait(timeout=rng.uniform(0.1, 0.9) * duration if attempt < 6 else 600)
         except subprocess.TimeoutExpired:
@@ -319,8 +354,10 @@ def test_sigkill_during_a_write_leaves_the_old_file_and_a_cleanable_temporary(tm
 
     target = tmp_path / "last.ckpt"
     target.write_bytes(b"old checkpoint")
-    code = ("import sys; from pathlib import Path; from pola_gnt.runfiles import write_atomic; "
-            "print('go', flush=True); write_atomic(Path(sys.argv[1]), b'x' * (1 << 31))")
+    code = (
+        "import sys; from pathlib import Path; from pola_gnt.runfiles import write_atomic; "
+        "print('go', flush=True); write_atomic(Path(sys.argv[1]), b'x' * (1 << 31))"
+    )
     process = subprocess.Popen([sys.executable, "-c", code, str(target)], cwd=PROJECT_ROOT, stdout=subprocess.PIPE)
     assert process.stdout.readline().strip() == b"go"
     deadline = time.time() + 60

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import imageio.v3 as iio
 import pytest
-
 from conftest import run_module
+
 from pola_gnt.errors import UserError
 from pola_gnt.report import LLFF_SCENES, METRICS, find_metrics_files, load_run, write_report
 
@@ -44,7 +44,10 @@ def test_report_of_tiny_runs_matches_their_metrics(tiny_runs, tmp_path):
         document = json.loads((run_dir / "metrics.json").read_text())
         (row,) = [r for r in rows if r["kind"] == "run" and r["model"] == model]
         assert (row["scene"], row["protocol"], row["lpips_net"]) == (
-            document["scene"], document["protocol"], document["lpips_net"])
+            document["scene"],
+            document["protocol"],
+            document["lpips_net"],
+        )
         for metric in METRICS:
             assert _csv_value(row[metric]) == document["mean"][metric]
             assert _csv_value(row[f"baseline_{metric}"]) == document["baseline"][metric]
@@ -52,7 +55,9 @@ def test_report_of_tiny_runs_matches_their_metrics(tiny_runs, tmp_path):
         (mean,) = [r for r in rows if r["kind"] == "mean" and r["model"] == model]
         assert mean["scene"] == "mean (1 scene)"
         assert _csv_value(mean["psnr"]) == document["mean"]["psnr"]
-        table_line = next(line for line in markdown.splitlines() if line.startswith(f"| {model} | {document['scene']} |"))
+        table_line = next(
+            line for line in markdown.splitlines() if line.startswith(f"| {model} | {document['scene']} |")
+        )
         assert f"| {document['mean']['psnr']:.2f} | {document['mean']['ssim']:.4f} |" in table_line
         lpips = document["mean"]["lpips"]
         assert (f"| {lpips:.4f} |" if lpips is not None else "| n/a |") in table_line
@@ -83,21 +88,48 @@ def test_malformed_or_missing_metrics_are_user_errors(tmp_path):
     broken.write_text('{"scene": "fern", "model": "gnt"')
     with pytest.raises(UserError, match="malformed metrics.json"):
         load_run(broken)
-    broken.write_text(json.dumps({"scene": "fern", "model": "gnt", "protocol": "gnt", "lpips_net": "vgg",
-                                  "mean": {"psnr": "high", "ssim": 0.8, "lpips": None}, "baseline": {}}))
+    broken.write_text(
+        json.dumps(
+            {
+                "scene": "fern",
+                "model": "gnt",
+                "protocol": "gnt",
+                "lpips_net": "vgg",
+                "mean": {"psnr": "high", "ssim": 0.8, "lpips": None},
+                "baseline": {},
+            }
+        )
+    )
     with pytest.raises(UserError, match="mean.psnr"):
         load_run(broken)
 
 
-def _write_metrics(path: Path, scene: str, model: str, psnr: float, protocol: str = "gnt",
-                   lpips_net: str = "vgg", mtime: float | None = None) -> None:
+def _write_metrics(
+    path: Path,
+    scene: str,
+    model: str,
+    psnr: float,
+    protocol: str = "gnt",
+    lpips_net: str = "vgg",
+    mtime: float | None = None,
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     scores = {"psnr": psnr, "ssim": 0.5 + psnr / 100, "lpips": 0.3 - psnr / 200}
-    path.write_text(json.dumps({
-        "scene": scene, "model": model, "split": "test", "protocol": protocol, "lpips_net": lpips_net,
-        "resolution": [378, 504], "mean": scores,
-        "baseline": {"method": "nearest_train_image", "psnr": 15.0, "ssim": 0.4, "lpips": None}, "per_image": [],
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "scene": scene,
+                "model": model,
+                "split": "test",
+                "protocol": protocol,
+                "lpips_net": lpips_net,
+                "resolution": [378, 504],
+                "mean": scores,
+                "baseline": {"method": "nearest_train_image", "psnr": 15.0, "ssim": 0.4, "lpips": None},
+                "per_image": [],
+            }
+        )
+    )
     if mtime is not None:
         os.utime(path, (mtime, mtime))
 
@@ -110,8 +142,9 @@ def test_eight_scene_mean_duplicates_and_mixed_protocols(tmp_path, capsys):
     # An older run of the same (scene, model, protocol, LPIPS net): must be ignored.
     _write_metrics(runs / "fern" / "pola_gnt" / "old" / "metrics.json", "fern", "pola_gnt", 10.0, mtime=1e9)
     # Another protocol for one scene: its own group, and a warning.
-    _write_metrics(runs / "fern" / "gnt" / "std" / "metrics.json", "fern", "gnt", 20.0, protocol="standard",
-                   lpips_net="alex")
+    _write_metrics(
+        runs / "fern" / "gnt" / "std" / "metrics.json", "fern", "gnt", 20.0, protocol="standard", lpips_net="alex"
+    )
 
     rows = write_report([runs], tmp_path / "out")
 

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TINY_OVERRIDES, run_module
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -16,8 +17,6 @@ from pola_gnt.data.scenes import load_scene
 from pola_gnt.model.lightning import GNTSystem, mse_to_psnr
 from pola_gnt.render.rays import Rays
 from pola_gnt.train import train
-
-from conftest import TINY_OVERRIDES, run_module
 
 
 def compose_config(*overrides: str):
@@ -76,10 +75,14 @@ def test_ranks_and_steps_draw_different_rays():
     cfg = compose_config(*TINY_OVERRIDES)
     scene = load_scene(cfg.scene, cfg.data)
     steps = {rank: TrainSteps(scene, cfg.data, cfg.render.n_samples, 10, seed=0, rank=rank) for rank in (0, 1)}
-    assert not torch.equal(steps[0][3]["origins"] + steps[0][3]["directions"], steps[1][3]["origins"] + steps[1][3]["directions"])
+    assert not torch.equal(
+        steps[0][3]["origins"] + steps[0][3]["directions"], steps[1][3]["origins"] + steps[1][3]["directions"]
+    )
     assert not torch.equal(steps[0][3]["rgb"], steps[0][4]["rgb"])
     assert torch.equal(steps[0][3]["depths"], steps[0][3]["depths"])  # a step's batch is reproducible
-    assert torch.equal(steps[1][5]["rgb"], TrainSteps(scene, cfg.data, cfg.render.n_samples, 10, seed=0, rank=1)[5]["rgb"])
+    assert torch.equal(
+        steps[1][5]["rgb"], TrainSteps(scene, cfg.data, cfg.render.n_samples, 10, seed=0, rank=1)[5]["rgb"]
+    )
 
 
 def _metrics(run_dir) -> dict:
@@ -126,8 +129,9 @@ def test_unknown_config_value_is_one_error_line(override, fragment, tmp_path):
 def test_resume_without_checkpoint_and_from_other_model(tmp_path, tiny_runs):
     _assert_one_error_line(run_module("train", "ckpt_path=last", f"hydra.run.dir={tmp_path}"), "last.ckpt")
     gnt_checkpoint = tiny_runs["gnt"] / "checkpoints" / "last.ckpt"
-    result = run_module("train", "model=pola_gnt", *TINY_OVERRIDES, f"ckpt_path={gnt_checkpoint}",
-                        f"hydra.run.dir={tmp_path}")
+    result = run_module(
+        "train", "model=pola_gnt", *TINY_OVERRIDES, f"ckpt_path={gnt_checkpoint}", f"hydra.run.dir={tmp_path}"
+    )
     _assert_one_error_line(result, "gnt")
     corrupt = tmp_path / "corrupt.ckpt"
     corrupt.write_bytes(b"\x00" * 100)
@@ -138,9 +142,16 @@ def test_resume_without_checkpoint_and_from_other_model(tmp_path, tiny_runs):
 def test_ddp_two_cpu_processes(tmp_path):
     """Lightning's DDP (gloo) with 2 processes on the CPU trains a few steps and tests."""
     result = run_module(
-        "train", *TINY_OVERRIDES, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
-        "trainer.precision=32-true", "trainer.max_steps=4", "trainer.val_check_interval=2",
-        f"hydra.run.dir={tmp_path}", timeout=900,
+        "train",
+        *TINY_OVERRIDES,
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.precision=32-true",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        f"hydra.run.dir={tmp_path}",
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     document = _metrics(tmp_path)

@@ -19,8 +19,12 @@ import torch
 pytest.importorskip("triton")
 
 from pola_gnt.attention import triton_kernel  # noqa: E402
-from pola_gnt.attention.functional import EPSILON, EXPONENT_CLAMP, polarity_attention  # noqa: E402
-from pola_gnt.attention.functional import polarity_attention_linear  # noqa: E402
+from pola_gnt.attention.functional import (  # noqa: E402
+    EPSILON,
+    EXPONENT_CLAMP,
+    polarity_attention,
+    polarity_attention_linear,  # noqa: E402
+)
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 interpreter = pytest.mark.skipif(

@@ -10,6 +10,7 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 import torch
+from conftest import run_module
 from omegaconf import OmegaConf
 
 from pola_gnt.checkpoints import read_checkpoint, stored_run_config
@@ -23,8 +24,6 @@ from pola_gnt.render.camera_paths import focus_depth, interpolate_path, spiral_p
 from pola_gnt.render.renderer import RenderedImage, render_image
 from pola_gnt.render_video import DEPTH_VIDEO, RGB_VIDEO, VideoSettings, frame_source_views, write_videos
 
-from conftest import run_module
-
 VIDEO_FACTOR = 64  # the demo scene at 63 x 47: fast, and odd sides exercise the even padding
 VIDEO_FRAMES = 5
 VIDEO_FPS = 12
@@ -32,8 +31,10 @@ VIDEO_FPS = 12
 
 @pytest.fixture(scope="module")
 def scene():
-    return load_scene(OmegaConf.create({"name": "demo", "kind": "demo", "path": None}),
-                      OmegaConf.create({"root": None, "factor": 32, "llffhold": 8}))
+    return load_scene(
+        OmegaConf.create({"name": "demo", "kind": "demo", "path": None}),
+        OmegaConf.create({"root": None, "factor": 32, "llffhold": 8}),
+    )
 
 
 def assert_rotations(c2w: torch.Tensor) -> None:
@@ -94,8 +95,18 @@ def test_interpolated_path_passes_through_the_training_cameras(scene):
     [("frames", 0), ("frames", 2.5), ("fps", 0), ("fps", -30), ("path", "orbit"), ("radius_scale", 0), ("crf", 60)],
 )
 def test_bad_video_settings_name_their_key(key, value):
-    video = OmegaConf.create({"path": "spiral", "frames": 120, "fps": 30, "rotations": 2, "z_rate": 0.5,
-                              "radius_scale": 1.0, "closed": False, "crf": 18})
+    video = OmegaConf.create(
+        {
+            "path": "spiral",
+            "frames": 120,
+            "fps": 30,
+            "rotations": 2,
+            "z_rate": 0.5,
+            "radius_scale": 1.0,
+            "closed": False,
+            "crf": 18,
+        }
+    )
     assert VideoSettings.from_config(video).frames == 120
     video[key] = value
     with pytest.raises(UserError, match=f"video.{key}"):
@@ -145,8 +156,14 @@ def test_interrupted_render_leaves_no_video(tmp_path):
 def tiny_video(tiny_runs, tmp_path_factory) -> Path:
     out_dir = tmp_path_factory.mktemp("video")
     checkpoint = tiny_runs["pola_gnt"] / "checkpoints" / "last.ckpt"
-    result = run_module("render_video", f"ckpt_path={checkpoint}", f"data.factor={VIDEO_FACTOR}",
-                        f"video.frames={VIDEO_FRAMES}", f"video.fps={VIDEO_FPS}", f"hydra.run.dir={out_dir}")
+    result = run_module(
+        "render_video",
+        f"ckpt_path={checkpoint}",
+        f"data.factor={VIDEO_FACTOR}",
+        f"video.frames={VIDEO_FRAMES}",
+        f"video.fps={VIDEO_FPS}",
+        f"hydra.run.dir={out_dir}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return out_dir
 
@@ -173,11 +190,21 @@ def test_first_frame_matches_a_direct_render(tiny_runs, tiny_video):
     scene = load_llff_scene(demo_scene_dir(), factor=VIDEO_FACTOR, llffhold=config.data.llffhold)
     pose = spiral_path(scene.cameras.c2w, scene.bounds, frames=VIDEO_FRAMES)[0]
     views = frame_source_views(scene, pose, config.data.num_source_views)
-    sources = net.source_views(scene.images[views].permute(0, 3, 1, 2), scene.cameras.c2w[views],
-                               scene.cameras.intrinsics[views])
+    sources = net.source_views(
+        scene.images[views].permute(0, 3, 1, 2), scene.cameras.c2w[views], scene.cameras.intrinsics[views]
+    )
     height, width = scene.resolution
-    direct = render_image(net, pose, scene.cameras.intrinsics[0], height, width, sources, scene.depth_range,
-                          config.render.n_samples, config.render.chunk_rays)
+    direct = render_image(
+        net,
+        pose,
+        scene.cameras.intrinsics[0],
+        height,
+        width,
+        sources,
+        scene.depth_range,
+        config.render.n_samples,
+        config.render.chunk_rays,
+    )
     _, frames = read_video(tiny_video / RGB_VIDEO)
     expected, first = to_uint8(direct.rgb), frames[0, :height, :width]
     assert expected.std() > 2.0  # a real image, not a flat colour that any codec keeps

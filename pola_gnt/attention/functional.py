@@ -247,7 +247,9 @@ def _stream_stats_backward(grad: Tensor) -> Tensor:
     """Adjoint of `_stream_stats`: `[..., 2, 2d, d/2 + 1]` -> `[..., 2d, d + 1]`."""
     half = grad.shape[-1] - 1
     grad_same, grad_opp = grad[..., 0, :, :], _swap_halves(grad[..., 1, :, :], dim=-2)
-    return torch.cat([grad_same[..., :half], grad_opp[..., :half], grad_same[..., half:] + grad_opp[..., half:]], dim=-1)
+    return torch.cat(
+        [grad_same[..., :half], grad_opp[..., :half], grad_same[..., half:] + grad_opp[..., half:]], dim=-1
+    )
 
 
 def _streams_to_channels(x: Tensor) -> Tensor:

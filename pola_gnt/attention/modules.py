@@ -55,7 +55,7 @@ def depthwise_conv_along_samples(x: Tensor, conv: nn.Conv1d) -> Tensor:
     weight = conv.weight[:, 0, :].t()  # [kernel, channels]
     out = padded[..., :samples, :] * weight[0]
     for offset in range(1, kernel):
-        out = out + padded[..., offset:offset + samples, :] * weight[offset]
+        out = out + padded[..., offset : offset + samples, :] * weight[offset]
     return out if conv.bias is None else out + conv.bias
 
 

@@ -8,8 +8,8 @@ with `K = expm1(min(|k|, B))` and `G = sign(k) K`, the key features are
     [k+ part, k- part] = [(K + G) / 2, (K - G) / 2]            (exact: each is K or 0)
 
 and the query features are `expm1(temp_same * [q+, q-])` (same-sign stream) and
-`expm1(temp_opp * [q-, q+])` (opposite-sign stream, which pairs `q+` with `k-`). The parts are kept apart (rather than summing the
-signed `G` into one statistic) so that no sum over keys cancels: every weight is a sum of
+`expm1(temp_opp * [q-, q+])` (opposite-sign stream, which pairs `q+` with `k-`). The parts are kept
+apart (rather than summing the signed `G` into one statistic) so that no sum over keys cancels: every weight is a sum of
 non-negative terms. Both streams share the key statistic `[k+ part, k- part]^T [v, 1]`.
 Numerics as in `functional`.
 
@@ -54,7 +54,10 @@ def _key_features(k: Tensor, visible: Tensor | None) -> tuple[Tensor, Tensor]:
 
 
 def _stream_stats(key_stats: Tensor) -> Tensor:
-    """`[..., 2d, d + 1]` = `[k+ part, k- part]^T [v, 1]` -> per stream `[..., 2, 2d, d/2 + 1]` (its value half, then the sum)."""
+    """`[..., 2d, d + 1]` = `[k+ part, k- part]^T [v, 1]` -> per stream `[..., 2, 2d, d/2 + 1]`.
+
+    Each stream keeps its value half, then the sum.
+    """
     half = (key_stats.shape[-1] - 1) // 2
     same = torch.cat([key_stats[..., :half], key_stats[..., -1:]], dim=-1)
     opp = key_stats[..., half:]
@@ -94,7 +97,9 @@ class _ShortPolarityAttention(torch.autograd.Function):
             denominators = (queries.features @ stats[..., -1:]) + EPSILON  # [..., 2, Nq, 1]
             # out = num / den: d num = g / den, d den = -(g . out) / den.
             grad_result = torch.cat([grad_out, -(grad_out * out).sum(dim=-1, keepdim=True)], dim=-1) / denominators
-            grad_key_stats = _stream_stats_backward(queries.features.transpose(-1, -2) @ grad_result)  # [..., 2d, d + 1]
+            grad_key_stats = _stream_stats_backward(
+                queries.features.transpose(-1, -2) @ grad_result
+            )  # [..., 2d, d + 1]
             grad_features = grad_result @ stats.transpose(-1, -2)  # [..., 2, Nq, 2d]
             grad_exponents = grad_features.mul_(queries.features + 1).mul_(queries.unclamped)
             # Back to [q+, q-]: the opposite-sign stream holds them swapped.

@@ -213,8 +213,16 @@ if triton is not None:
 
     @triton.jit
     def _load_output_grads(
-        grad_out_ptr, out_ptr, den_ptr, batch, stream, rows, row_ok, num_queries,
-        HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+        grad_out_ptr,
+        out_ptr,
+        den_ptr,
+        batch,
+        stream,
+        rows,
+        row_ok,
+        num_queries,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_H: tl.constexpr,
     ):
         """For `out = num / den`: `d num = g / den` `[rows, BLOCK_H]` and `d den = -(g . out) / den`
         `[rows]`, restricted to stream `stream`'s value half; zero on padding rows."""
@@ -323,9 +331,7 @@ if triton is not None:
 
         grad_q = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
         for stream in tl.static_range(2):
-            x_a, x_b, z_a, z_b, t_a, t_b = _query_features(
-                q, temps_ptr, batch, stream, channels, channel_ok, HEAD_DIM
-            )
+            x_a, x_b, z_a, z_b, t_a, t_b = _query_features(q, temps_ptr, batch, stream, channels, channel_ok, HEAD_DIM)
             kv_pos, kv_neg, ksum_pos, ksum_neg = _load_stream_state(
                 kv_ptr, ksum_ptr, batch, stream, channels, channel_ok, HEAD_DIM, BLOCK_H
             )

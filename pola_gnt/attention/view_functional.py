@@ -29,7 +29,6 @@ from torch import Tensor
 
 from pola_gnt.attention.functional import EPSILON, EXPONENT_CLAMP, expm1_
 
-
 # Layout. Heads stay in place: `q [P, heads, d]`, `k, v [P, views, heads, d]` (`dim = heads * d`). Both
 # streams' per-point query terms are `[P, 2 (stream), heads, d]`. Per-point products that mix views with
 # streams and heads are batched matmuls against block-diagonal `[P, 2 * heads, dim]` matrices: on the
@@ -38,7 +37,10 @@ from pola_gnt.attention.functional import EPSILON, EXPONENT_CLAMP, expm1_
 
 
 def _block_diagonal(x: Tensor) -> Tensor:
-    """`[P, 2, heads, d]` -> `[P, 2 * heads, heads * d]`: row (stream, h) holds `x[:, stream, h]` in head h's columns."""
+    """`[P, 2, heads, d]` -> `[P, 2 * heads, heads * d]`.
+
+    Row (stream, h) holds `x[:, stream, h]` in head h's columns.
+    """
     points, streams, heads, d = x.shape
     blocks = x.new_zeros(points, streams, heads, heads, d)
     blocks.diagonal(dim1=2, dim2=3).copy_(x.transpose(-1, -2))
@@ -205,7 +207,9 @@ def polarity_view_attention(
         channels `[0, d/2)` the same-sign stream, `[d/2, d)` the opposite-sign stream.
     """
     if k.shape != v.shape or k.shape[:-3] + k.shape[-2:] != q.shape:
-        raise ValueError(f"expected q [..., heads, d], k and v [..., keys, heads, d]; got {q.shape}, {k.shape}, {v.shape}")
+        raise ValueError(
+            f"expected q [..., heads, d], k and v [..., keys, heads, d]; got {q.shape}, {k.shape}, {v.shape}"
+        )
     if q.shape[-1] % 2:
         raise ValueError(f"head dim must be even (two value halves), got {q.shape[-1]}")
     if key_mask is not None and (key_mask.dtype != torch.bool or key_mask.shape != k.shape[:-2]):

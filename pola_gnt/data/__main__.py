@@ -10,8 +10,13 @@ from pola_gnt.config import entry_point, validate_config
 from pola_gnt.data.scenes import load_scene
 
 # Given before the user's arguments, so an explicit `hydra.run.dir=...` still wins.
-NO_OUTPUT_OVERRIDES = ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=disabled",
-                       "hydra/hydra_logging=disabled", "~hydra.callbacks.run_folder_check"]
+NO_OUTPUT_OVERRIDES = [
+    "hydra.run.dir=.",
+    "hydra.output_subdir=null",
+    "hydra/job_logging=disabled",
+    "hydra/hydra_logging=disabled",
+    "~hydra.callbacks.run_folder_check",
+]
 
 
 @entry_point

@@ -41,8 +41,12 @@ class CameraErrors:
     bounds_error: float | None  # largest relative near/far difference after scaling (if given)
 
 
-def camera_errors(source_c2w: np.ndarray, target_c2w: np.ndarray, source_bounds: np.ndarray | None = None,
-                  target_bounds: np.ndarray | None = None) -> CameraErrors:
+def camera_errors(
+    source_c2w: np.ndarray,
+    target_c2w: np.ndarray,
+    source_bounds: np.ndarray | None = None,
+    target_bounds: np.ndarray | None = None,
+) -> CameraErrors:
     """Fit `source` cameras to `target` (centres, Umeyama), then measure what is left."""
     fit = umeyama(source_c2w[:, :3, 3], target_c2w[:, :3, 3])
     centres = fit.apply(source_c2w[:, :3, 3])

@@ -38,8 +38,7 @@ def prepare_capture(source: Path, folder: Path, frames: int, progress: Progress)
         return prepare_photos(source, folder, progress)
     if is_video(source):
         return extract_video_frames(source, folder, frames, progress)
-    raise UserError(f"input: {source} is neither a folder of images nor a video "
-                    f"({', '.join(VIDEO_EXTENSIONS)})")
+    raise UserError(f"input: {source} is neither a folder of images nor a video ({', '.join(VIDEO_EXTENSIONS)})")
 
 
 def prepare_photos(source: Path, folder: Path, progress: Progress) -> list[str]:
@@ -53,8 +52,10 @@ def prepare_photos(source: Path, folder: Path, progress: Progress) -> list[str]:
         if size is None:
             size = image.size
         elif image.size != size:
-            raise UserError(f"input: {file.name} is {image.size[0]}x{image.size[1]} but {files[0].name} is "
-                            f"{size[0]}x{size[1]}; every image of a scene must have the same size")
+            raise UserError(
+                f"input: {file.name} is {image.size[0]}x{image.size[1]} but {files[0].name} is "
+                f"{size[0]}x{size[1]}; every image of a scene must have the same size"
+            )
         name = _unique_name(file.stem, extension, names)
         save_image(image, folder / name)
         names.append(name)
@@ -88,7 +89,7 @@ def _unique_name(stem: str, extension: str, taken: list[str]) -> str:
 def sharpness(rgb: np.ndarray) -> float:
     """Variance of the 4-neighbour Laplacian of the grey image (higher = sharper)."""
     grey = rgb.astype(np.float32).mean(-1)
-    laplacian = (grey[1:-1, :-2] + grey[1:-1, 2:] + grey[:-2, 1:-1] + grey[2:, 1:-1] - 4.0 * grey[1:-1, 1:-1])
+    laplacian = grey[1:-1, :-2] + grey[1:-1, 2:] + grey[:-2, 1:-1] + grey[2:, 1:-1] - 4.0 * grey[1:-1, 1:-1]
     return float(laplacian.var())
 
 

@@ -78,12 +78,16 @@ def mapper_attempts(pycolmap, options: SfmOptions) -> list[tuple[str, object, bo
     fixed_focal.mapper.init_min_num_inliers = 50
     fixed_focal.min_num_matches = 10
     fixed_focal.ba_refine_focal_length = False  # small baselines: a free focal length can run away
-    return [("COLMAP defaults", default, False), ("relaxed initialisation", relaxed, False),
-            ("focal length held, then refined", fixed_focal, True)]
+    return [
+        ("COLMAP defaults", default, False),
+        ("relaxed initialisation", relaxed, False),
+        ("focal length held, then refined", fixed_focal, True),
+    ]
 
 
-def run_sfm(image_dir: Path, work_dir: Path, n_images: int, options: SfmOptions,
-            say: Callable[[str], None], progress) -> SfmResult:
+def run_sfm(
+    image_dir: Path, work_dir: Path, n_images: int, options: SfmOptions, say: Callable[[str], None], progress
+) -> SfmResult:
     """Features, matching and incremental mapping of every image in `image_dir`."""
     pycolmap = import_pycolmap()
     database = work_dir / "database.db"
@@ -95,8 +99,9 @@ def run_sfm(image_dir: Path, work_dir: Path, n_images: int, options: SfmOptions,
     extraction.max_image_size = options.max_image_size
     mode = pycolmap.CameraMode.SINGLE if options.camera == "single" else pycolmap.CameraMode.PER_IMAGE
     say(f"features: SIFT on {n_images} images ({options.camera} camera, {options.camera_model})")
-    pycolmap.extract_features(database, image_dir, camera_mode=mode, reader_options=reader,
-                              extraction_options=extraction, device=device)
+    pycolmap.extract_features(
+        database, image_dir, camera_mode=mode, reader_options=reader, extraction_options=extraction, device=device
+    )
     matching = pycolmap.FeatureMatchingOptions()
     matching.num_threads = options.threads
     say(f"matching: {options.matching}")
@@ -111,8 +116,9 @@ def run_sfm(image_dir: Path, work_dir: Path, n_images: int, options: SfmOptions,
         model_dir = work_dir / f"sparse_{i}"
         model_dir.mkdir()
         bar = progress(total=n_images, desc="registered", unit="image")
-        models = pycolmap.incremental_mapping(database, image_dir, model_dir, options=pipeline,
-                                              next_image_callback=lambda: bar.update(1))
+        models = pycolmap.incremental_mapping(
+            database, image_dir, model_dir, options=pipeline, next_image_callback=bar.update
+        )
         bar.close()
         model = max(models.values(), key=_model_size, default=None)
         if model is not None and refine_focal:
@@ -156,7 +162,9 @@ RELIABLE_MIN_POINTS = 20  # a view that sees fewer such points uses all of its p
 def reliable_points(reconstruction) -> set[int]:
     """Ids of the well-triangulated points. With a few hundred points per view, LLFF's 0.1 / 99.9
     percentiles are a view's extreme points, and the badly triangulated ones would set them."""
-    centres = {image_id: camera_to_world(image)[:3, 3] for image_id, image in registered_images_by_id(reconstruction).items()}
+    centres = {
+        image_id: camera_to_world(image)[:3, 3] for image_id, image in registered_images_by_id(reconstruction).items()
+    }
     reliable = set()
     for point_id, point in reconstruction.points3D.items():
         views = [element.image_id for element in point.track.elements]
@@ -194,9 +202,14 @@ def undistorted_cameras(model_dir: Path) -> dict[str, tuple[float, float, float,
     cameras = {}
     for image in model.images.values():
         camera = model.cameras[image.camera_id]
-        cameras[image.name] = (float(camera.focal_length_x), float(camera.focal_length_y),
-                               float(camera.principal_point_x), float(camera.principal_point_y),
-                               int(camera.width), int(camera.height))
+        cameras[image.name] = (
+            float(camera.focal_length_x),
+            float(camera.focal_length_y),
+            float(camera.principal_point_x),
+            float(camera.principal_point_y),
+            int(camera.width),
+            int(camera.height),
+        )
     return cameras
 
 

@@ -58,7 +58,9 @@ class TrainSteps(Dataset):
         target = int(rng.choice(scene.train_ids))
         centers = scene.cameras.centers
         if cfg.random_source_views:
-            source_ids = random_training_views(centers[target], centers, scene.train_ids, cfg.num_source_views, target, rng)
+            source_ids = random_training_views(
+                centers[target], centers, scene.train_ids, cfg.num_source_views, target, rng
+            )
         else:
             source_ids = nearest_views(centers[target], centers, scene.train_ids, cfg.num_source_views, exclude=target)
         batch = source_batch(scene, source_ids)
@@ -67,7 +69,9 @@ class TrainSteps(Dataset):
         if cfg.crop:
             batch, intrinsics, image = self._crop(batch, intrinsics, image, rng)
         height, width = image.shape[:2]
-        chosen = torch.from_numpy(rng.choice(height * width, size=min(cfg.rays_per_step, height * width), replace=False))
+        chosen = torch.from_numpy(
+            rng.choice(height * width, size=min(cfg.rays_per_step, height * width), replace=False)
+        )
         rays = pixel_rays(scene.cameras.c2w[target], intrinsics, pixel_coordinates(chosen, width))
         generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
         near, far = scene.depth_range
@@ -93,8 +97,8 @@ class TrainSteps(Dataset):
         intrinsics[:2, 2] -= shift
         batch["source_intrinsics"] = batch["source_intrinsics"].clone()
         batch["source_intrinsics"][:, :2, 2] -= shift
-        batch["source_images"] = batch["source_images"][:, :, top:top + crop_h, left:left + crop_w].contiguous()
-        return batch, intrinsics, image[top:top + crop_h, left:left + crop_w]
+        batch["source_images"] = batch["source_images"][:, :, top : top + crop_h, left : left + crop_w].contiguous()
+        return batch, intrinsics, image[top : top + crop_h, left : left + crop_w]
 
 
 class ResumableSampler(Sampler[int]):
@@ -123,8 +127,9 @@ class StepLoader(DataLoader):
 
     def __init__(self, dataset: TrainSteps, trainer: pl.Trainer):
         self.trainer = trainer
-        super().__init__(dataset, batch_size=None,
-                         sampler=ResumableSampler(lambda: trainer.global_step, trainer.max_steps))
+        super().__init__(
+            dataset, batch_size=None, sampler=ResumableSampler(lambda: trainer.global_step, trainer.max_steps)
+        )
 
     def state_dict(self) -> dict:
         return {"next_step": int(self.trainer.global_step)}
@@ -196,8 +201,9 @@ class SceneDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
-        dataset = TrainSteps(self.scene, self.cfg.data, self.cfg.render.n_samples, trainer.max_steps,
-                             self.cfg.seed, trainer.global_rank)
+        dataset = TrainSteps(
+            self.scene, self.cfg.data, self.cfg.render.n_samples, trainer.max_steps, self.cfg.seed, trainer.global_rank
+        )
         return StepLoader(dataset, trainer)
 
     def val_dataloader(self) -> DataLoader:

@@ -27,10 +27,9 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import imageio.v3 as iio
 import numpy as np
@@ -38,8 +37,8 @@ import torch
 from torch import Tensor
 
 from pola_gnt.errors import UserError
-from pola_gnt.runfiles import write_atomic
 from pola_gnt.render.rays import pixel_grid, pixel_rays
+from pola_gnt.runfiles import write_atomic
 
 # Full-resolution camera like fern's (hwf in poses_bounds.npy); only downsampled folders are written.
 FULL_HEIGHT = 3024
@@ -211,18 +210,28 @@ def demo_surfaces() -> list[Plane | Sphere]:
     card_a, card_b, card_normal = _tilted_frame(yaw_deg=30.0, pitch_deg=20.0)
     return [
         Plane(  # back wall, fills every view
-            point=_vector((0.0, 0.0, 9.0)), normal=_vector((0.0, 0.0, -1.0)),
-            axis_a=_vector((1.0, 0.0, 0.0)), axis_b=_vector((0.0, 1.0, 0.0)), texture=wall_texture,
+            point=_vector((0.0, 0.0, 9.0)),
+            normal=_vector((0.0, 0.0, -1.0)),
+            axis_a=_vector((1.0, 0.0, 0.0)),
+            axis_b=_vector((0.0, 1.0, 0.0)),
+            texture=wall_texture,
         ),
         Plane(  # floor, normal pointing up (-y)
-            point=_vector((0.0, 1.5, 0.0)), normal=_vector((0.0, -1.0, 0.0)),
-            axis_a=_vector((1.0, 0.0, 0.0)), axis_b=_vector((0.0, 0.0, 1.0)), texture=floor_texture,
+            point=_vector((0.0, 1.5, 0.0)),
+            normal=_vector((0.0, -1.0, 0.0)),
+            axis_a=_vector((1.0, 0.0, 0.0)),
+            axis_b=_vector((0.0, 0.0, 1.0)),
+            texture=floor_texture,
         ),
         Sphere(center=_vector((-1.1, 0.3, 5.6)), radius=1.2, texture=big_sphere_texture),
         Sphere(center=_vector((1.3, 0.9, 4.3)), radius=0.6, texture=small_sphere_texture),
         Plane(  # tilted card floating upper right
-            point=_vector((0.55, -0.55, 3.6)), normal=card_normal, axis_a=card_a, axis_b=card_b,
-            texture=card_texture, half_extent=(0.55, 0.4),
+            point=_vector((0.55, -0.55, 3.6)),
+            normal=card_normal,
+            axis_a=card_a,
+            axis_b=card_b,
+            texture=card_texture,
+            half_extent=(0.55, 0.4),
         ),
     ]
 
@@ -283,9 +292,7 @@ def _trace_depth(c2w: Tensor, intrinsics: Tensor, pixels: Tensor) -> Tensor:
     return torch.cat(chunks)
 
 
-def render_demo_view(
-    c2w: np.ndarray, K: np.ndarray, height: int, width: int
-) -> tuple[np.ndarray, np.ndarray]:
+def render_demo_view(c2w: np.ndarray, K: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """Trace any OpenCV camera (`c2w` `[4, 4]`, `K` `[3, 3]`) through the demo scene.
 
     Returns the colour `[H, W, 3]` float32 in [0, 1] (mean of a 2x2 supersampling of each pixel)
@@ -360,11 +367,13 @@ def demo_poses() -> np.ndarray:
         for column in columns:
             i = len(poses)
             # Deterministic "hand-held" wobble of position, aim and roll (no random generator).
-            position = np.array([
-                -0.6 + 0.3 * column + 0.04 * math.sin(1.7 * i + 0.3),
-                -0.3 + 0.2 * row + 0.03 * math.sin(2.3 * i + 1.1),
-                0.08 * math.sin(1.3 * i + 0.7),
-            ])
+            position = np.array(
+                [
+                    -0.6 + 0.3 * column + 0.04 * math.sin(1.7 * i + 0.3),
+                    -0.3 + 0.2 * row + 0.03 * math.sin(2.3 * i + 1.1),
+                    0.08 * math.sin(1.3 * i + 0.7),
+                ]
+            )
             target = np.array([0.25 * math.sin(0.9 * i), 0.3 + 0.15 * math.cos(1.1 * i), 6.0])
             poses.append(_look_at(position, target, roll=math.radians(2.0) * math.sin(1.9 * i)))
     return np.stack(poses)
@@ -381,10 +390,12 @@ def demo_depths(factor: int) -> np.ndarray:
     c2w, intrinsics, height, width = demo_cameras(factor)
     pixels = pixel_grid(height, width).double()
     intrinsics_t = torch.from_numpy(intrinsics)
-    return np.stack([
-        _trace_depth(torch.from_numpy(pose), intrinsics_t, pixels).reshape(height, width).float().numpy()
-        for pose in c2w
-    ])
+    return np.stack(
+        [
+            _trace_depth(torch.from_numpy(pose), intrinsics_t, pixels).reshape(height, width).float().numpy()
+            for pose in c2w
+        ]
+    )
 
 
 def demo_bounds() -> np.ndarray:

@@ -41,7 +41,7 @@ class Cameras:
     def __len__(self) -> int:
         return self.c2w.shape[0]
 
-    def __getitem__(self, index) -> "Cameras":
+    def __getitem__(self, index) -> Cameras:
         return Cameras(self.c2w[index], self.intrinsics[index], self.height, self.width)
 
 
@@ -105,9 +105,11 @@ def load_llff_scene(path: str | Path, factor: int = 8, llffhold: int = 8, name: 
     focal = full_focal * width / full_width  # = focal / factor for standard LLFF folders
     c2w = llff_to_opencv(poses_llff[:, :, :4])
     c2w, bounds, scale = normalise_poses(c2w, bounds)
-    intrinsics = torch.tensor(
-        [[focal, 0.0, width / 2.0], [0.0, focal, height / 2.0], [0.0, 0.0, 1.0]], dtype=torch.float32
-    ).expand(len(c2w), 3, 3).clone()
+    intrinsics = (
+        torch.tensor([[focal, 0.0, width / 2.0], [0.0, focal, height / 2.0], [0.0, 0.0, 1.0]], dtype=torch.float32)
+        .expand(len(c2w), 3, 3)
+        .clone()
+    )
 
     ids = list(range(len(image_files)))
     test_ids = ids[::llffhold] if llffhold > 0 else []
@@ -150,8 +152,10 @@ def read_poses_bounds(file: Path) -> tuple[np.ndarray, np.ndarray]:
     bad = np.flatnonzero(error > ROTATION_TOLERANCE)
     if len(bad):
         views = ", ".join(str(i) for i in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        raise UserError(f"{file}: the rotation of view(s) {views} is not orthonormal "
-                        f"(max |R^T R - I| = {error[bad].max():.3g}); poses must be camera rotations")
+        raise UserError(
+            f"{file}: the rotation of view(s) {views} is not orthonormal "
+            f"(max |R^T R - I| = {error[bad].max():.3g}); poses must be camera rotations"
+        )
     return poses, bounds
 
 
@@ -206,8 +210,11 @@ def _normalize(vector: np.ndarray) -> np.ndarray:
 def list_images(folder: Path) -> list[Path]:
     """The PNG and JPEG images of `folder` in name order. Hidden files, including the macOS
     AppleDouble `._NAME` files a copy from a Mac leaves, are not images and are ignored."""
-    files = sorted(f for f in folder.iterdir()
-                   if f.suffix.lower() in IMAGE_EXTENSIONS and not f.name.startswith(".") and f.is_file())
+    files = sorted(
+        f
+        for f in folder.iterdir()
+        if f.suffix.lower() in IMAGE_EXTENSIONS and not f.name.startswith(".") and f.is_file()
+    )
     if not files:
         raise UserError(f"{folder}: no PNG or JPG images")
     return files

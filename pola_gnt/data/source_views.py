@@ -10,8 +10,9 @@ from torch import Tensor
 MAX_POOL = 28
 
 
-def nearest_views(target_center: Tensor, centers: Tensor, candidate_ids: list[int], count: int,
-                  exclude: int | None = None) -> list[int]:
+def nearest_views(
+    target_center: Tensor, centers: Tensor, candidate_ids: list[int], count: int, exclude: int | None = None
+) -> list[int]:
     """The `count` candidates nearest to `target_center` `[3]` (`centers` `[views, 3]`), nearest first.
 
     Deterministic: ties are broken by view index. `exclude` (the target itself) is never chosen.
@@ -22,8 +23,9 @@ def nearest_views(target_center: Tensor, centers: Tensor, candidate_ids: list[in
     return [candidates[j] for j in order[:count]]
 
 
-def random_training_views(target_center: Tensor, centers: Tensor, candidate_ids: list[int], count: int,
-                          exclude: int, rng: np.random.Generator) -> list[int]:
+def random_training_views(
+    target_center: Tensor, centers: Tensor, candidate_ids: list[int], count: int, exclude: int, rng: np.random.Generator
+) -> list[int]:
     """GNT's randomised source views for training: a pool of the `min(count * k, 28)` nearest views
     (k in {1, 2, 3}), from which `count - 2 .. count + 2` views are drawn (at least 1)."""
     available = len([i for i in candidate_ids if i != exclude])

@@ -18,7 +18,7 @@ channels at 1/4 of the input resolution.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -32,9 +32,7 @@ def _instance_norm(channels: int) -> nn.InstanceNorm2d:
 
 
 def _conv3x3(in_channels: int, out_channels: int, stride: int = 1) -> nn.Conv2d:
-    return nn.Conv2d(
-        in_channels, out_channels, 3, stride=stride, padding=1, bias=False, padding_mode="reflect"
-    )
+    return nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False, padding_mode="reflect")
 
 
 class BasicBlock(nn.Module):

@@ -214,8 +214,14 @@ class GNT(nn.Module):
         self.view_token_mlp = _mlp(3 + self.encoder.feature_channels, width)
         self.blocks = nn.ModuleList(
             GNTBlock(
-                view_attention, ray_attention, width, heads, ffn_mult, position_dim,
-                fuse_position=index % 2 == 0, ray_lepe=ray_lepe,
+                view_attention,
+                ray_attention,
+                width,
+                heads,
+                ffn_mult,
+                position_dim,
+                fuse_position=index % 2 == 0,
+                ray_lepe=ray_lepe,
             )
             for index in range(n_blocks)
         )
@@ -225,8 +231,11 @@ class GNT(nn.Module):
         """Source images `[views, 3, H, W]` in [0, 1] -> feature maps `[views, C, h, w]`."""
         if self.encoder_input_scale != 1.0:
             images = F.interpolate(
-                images, scale_factor=self.encoder_input_scale, mode="bilinear",
-                align_corners=False, antialias=True,
+                images,
+                scale_factor=self.encoder_input_scale,
+                mode="bilinear",
+                align_corners=False,
+                antialias=True,
             )
         return self.encoder(images)
 

@@ -13,7 +13,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from pola_gnt.data.datamodule import Batch
 from pola_gnt.data.llff import Scene
-from pola_gnt.evaluation import ViewResult, ViewScorer, build_image_metrics, format_table, protocol_stride, write_results
+from pola_gnt.evaluation import (
+    ViewResult,
+    ViewScorer,
+    build_image_metrics,
+    format_table,
+    protocol_stride,
+    write_results,
+)
 from pola_gnt.model.gnt import GNT, SourceViews
 from pola_gnt.render.rays import Rays
 from pola_gnt.render.renderer import render_image
@@ -84,8 +91,16 @@ class GNTSystem(pl.LightningModule):
         stride = protocol_stride(self.cfg.metrics.protocol)
         height, width = self.scene.resolution
         rendered = render_image(
-            self.net, batch["c2w"], batch["intrinsics"], height, width, self._sources(batch),
-            self.scene.depth_range, self.cfg.render.n_samples, self.cfg.render.chunk_rays, stride=stride,
+            self.net,
+            batch["c2w"],
+            batch["intrinsics"],
+            height,
+            width,
+            self._sources(batch),
+            self.scene.depth_range,
+            self.cfg.render.n_samples,
+            self.cfg.render.chunk_rays,
+            stride=stride,
         )
         view = int(batch["view_id"])
         self.test_results.append(self.scorer(view, rendered.rgb, rendered.depth, self.cfg.output.save_images))

@@ -72,8 +72,9 @@ def _catmull_rom(controls: Tensor, u: Tensor) -> Tensor:
     segment = u.floor().long().clamp(0, len(controls) - 4)
     t = (u - segment)[:, None]
     p0, p1, p2, p3 = (controls[segment + k] for k in range(4))
-    return 0.5 * (2.0 * p1 + (p2 - p0) * t + (2.0 * p0 - 5.0 * p1 + 4.0 * p2 - p3) * t**2
-                  + (3.0 * (p1 - p2) + p3 - p0) * t**3)
+    return 0.5 * (
+        2.0 * p1 + (p2 - p0) * t + (2.0 * p0 - 5.0 * p1 + 4.0 * p2 - p3) * t**2 + (3.0 * (p1 - p2) + p3 - p0) * t**3
+    )
 
 
 def _interp(x: Tensor, xp: Tensor, fp: Tensor) -> Tensor:

@@ -21,10 +21,10 @@ class Rays:
     def __len__(self) -> int:
         return self.origins.shape[0]
 
-    def __getitem__(self, index) -> "Rays":
+    def __getitem__(self, index) -> Rays:
         return Rays(self.origins[index], self.directions[index])
 
-    def to(self, device) -> "Rays":
+    def to(self, device) -> Rays:
         return Rays(self.origins.to(device), self.directions.to(device))
 
 
@@ -89,9 +89,7 @@ class Projection:
     visible: Tensor  # [views, ...] bool: in front of the camera and inside the image
 
 
-def project_points(
-    points: Tensor, c2w: Tensor, intrinsics: Tensor, height: int, width: int
-) -> Projection:
+def project_points(points: Tensor, c2w: Tensor, intrinsics: Tensor, height: int, width: int) -> Projection:
     """Project world `points` `[..., 3]` into each source view (`c2w` `[views, 4, 4]`,
     `intrinsics` `[views, 3, 3]`) with `K inv(c2w) x`.
 
@@ -108,8 +106,10 @@ def project_points(
     pixels = image[..., :2] / safe_depth[..., None]
     in_front = depth > 1e-6
     inside = (
-        (pixels[..., 0] >= -0.5) & (pixels[..., 0] <= width - 0.5)
-        & (pixels[..., 1] >= -0.5) & (pixels[..., 1] <= height - 0.5)
+        (pixels[..., 0] >= -0.5)
+        & (pixels[..., 0] <= width - 0.5)
+        & (pixels[..., 1] >= -0.5)
+        & (pixels[..., 1] <= height - 0.5)
     )
     n_views = c2w.shape[0]
     return Projection(

@@ -30,7 +30,7 @@ def render_rays(
     near, far = depth_range
     colours, depths = [], []
     for start in range(0, len(rays), chunk_rays):
-        chunk = rays[start:start + chunk_rays]
+        chunk = rays[start : start + chunk_rays]
         samples = sample_depths(near, far, len(chunk), n_samples, jitter=False, device=chunk.origins.device)
         output = model(chunk, samples, sources)
         colours.append(output.rgb.float().clamp(0.0, 1.0))
