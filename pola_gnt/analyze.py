@@ -54,6 +54,7 @@ from pola_gnt.model.gnt import GNT
 from pola_gnt.model.lightning import mse_to_psnr
 from pola_gnt.render.rays import pixel_grid, pixel_rays
 from pola_gnt.render.renderer import render_rays
+from pola_gnt.settings import AnalyzeSettings
 
 ENTROPY_METHODS = ("pola_same", "pola_opp", "softmax", "relu_linear")
 ENTROPY_LABELS = {
@@ -475,14 +476,6 @@ def plot_entropies(layers: list[LayerDiagnostics], path: Path) -> None:
 # Entry point
 
 
-def check_analyze_config(cfg: DictConfig) -> None:
-    n_rays, test_view = cfg.analyze.n_rays, cfg.analyze.test_view
-    if isinstance(n_rays, bool) or not isinstance(n_rays, int) or n_rays < 1:
-        raise UserError(f"analyze.n_rays: must be a positive integer, got {n_rays!r}")
-    if isinstance(test_view, bool) or not isinstance(test_view, int) or test_view < 0:
-        raise UserError(f"analyze.test_view: must be a non-negative integer, got {test_view!r}")
-
-
 @dataclass
 class RecordedView:
     view: int
@@ -523,20 +516,16 @@ def analyze(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> dict:
     `overrides`: the command line's keys, the only ones that change the checkpoint's stored config
     (as for `pola_gnt.eval`); the `analyze` section always comes from the command line's config.
     """
-    check_analyze_config(cfg)
+    options = AnalyzeSettings.from_config(cfg)
     trained = load_trained_checkpoint(cfg, run_dir, overrides)
     config, path = trained.config, trained.path
     require_polarity_attention(path, config)
     net = trained.system.net.eval().to("cuda" if torch.cuda.is_available() else "cpu")
     scene = load_scene(config.scene, config.data)
-    if cfg.analyze.test_view >= len(scene.test_ids):
-        raise UserError(
-            f"analyze.test_view: {cfg.analyze.test_view} but {scene.name} has {len(scene.test_ids)} test views"
-        )
+    if options.test_view >= len(scene.test_ids):
+        raise UserError(f"analyze.test_view: {options.test_view} but {scene.name} has {len(scene.test_ids)} test views")
 
-    recorded = render_recorded(
-        net, scene, config, scene.test_ids[cfg.analyze.test_view], cfg.analyze.n_rays, int(cfg.seed)
-    )
+    recorded = render_recorded(net, scene, config, scene.test_ids[options.test_view], options.n_rays, int(cfg.seed))
     layers = layer_diagnostics(net, recorded.gates, recorded.records)
     plot_temperatures(layers, run_dir / "attention_temperatures.png")
     plot_gates(layers, run_dir / "attention_gates_pca.png", int(cfg.seed))

@@ -29,11 +29,12 @@ from pola_gnt.checkpoints import (
     state_dict_mismatch,
     stored_run_config,
 )
-from pola_gnt.config import CONFIG_DIR, entry_point, validate_config
+from pola_gnt.config import CONFIG_DIR, announce, entry_point, validate_config
 from pola_gnt.data.datamodule import SceneDataModule
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.errors import UserError
 from pola_gnt.model.lightning import GNTSystem
+from pola_gnt.settings import RunSettings
 
 GNT_PROTOCOL_LPIPS_NET = "vgg"  # GNT (like NeRF and IBRNet) reported LPIPS-VGG
 
@@ -42,6 +43,7 @@ GNT_PROTOCOL_LPIPS_NET = "vgg"  # GNT (like NeRF and IBRNet) reported LPIPS-VGG
 class TrainedCheckpoint:
     path: Path
     config: DictConfig  # the stored run config with the command line's explicit keys applied
+    settings: RunSettings  # `config`, checked
     system: GNTSystem  # weights loaded, on the CPU
 
 
@@ -68,14 +70,15 @@ def load_trained_checkpoint(cfg: DictConfig, run_dir: Path, overrides: Sequence[
         and "metrics.lpips_net" not in explicit_keys
     ):
         config.metrics.lpips_net = GNT_PROTOCOL_LPIPS_NET
-    validate_config(config)
+    settings = validate_config(config)
+    settings.trainer.check_device()  # the command line's trainer (a GPU checkpoint evaluates on a CPU)
     system = GNTSystem(OmegaConf.to_container(config, resolve=True))
     try:
         system.load_state_dict(checkpoint["state_dict"], strict=True)
     except RuntimeError as err:
         raise state_dict_mismatch(path, err) from None
     system.on_load_checkpoint(checkpoint)
-    return TrainedCheckpoint(path=path, config=config, system=system)
+    return TrainedCheckpoint(path=path, config=config, settings=settings, system=system)
 
 
 def evaluate(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> dict:
@@ -101,6 +104,7 @@ def evaluate(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> dict:
 
 @entry_point
 def main(cfg: DictConfig) -> None:
+    announce(cfg, with_experiment=False)
     evaluate(cfg, Path(HydraConfig.get().runtime.output_dir), task_overrides())
 
 

@@ -35,10 +35,7 @@ from tqdm import tqdm
 from pola_gnt.config import entry_point
 from pola_gnt.data.capture import is_video, prepare_capture
 from pola_gnt.data.colmap import (
-    CAMERA_MODELS,
-    CAMERA_MODES,
     EXHAUSTIVE_MAX_IMAGES,
-    MATCHING,
     SfmOptions,
     camera_to_world,
     common_pinhole,
@@ -52,6 +49,7 @@ from pola_gnt.data.colmap import (
 from pola_gnt.data.demo_scene import opencv_to_llff
 from pola_gnt.data.llff import downsample_folder, image_folder_name, read_image
 from pola_gnt.errors import UserError
+from pola_gnt.settings import CaptureOptions, ProcessDataSettings
 
 MIN_IMAGES = 3
 DOWNSAMPLED_FACTORS = (4, 8)
@@ -76,7 +74,14 @@ def process_data(
     """Capture -> LLFF scene folder `out`; -> the summary written to `process_data.json`."""
     started = time.time()
     source, out = Path(source).expanduser(), Path(out).expanduser()
-    _check_options(camera, camera_model, matching, frames, max_image_size, min_registered)
+    CaptureOptions.check(
+        frames=frames,
+        camera=camera,
+        camera_model=camera_model,
+        matching=matching,
+        max_image_size=max_image_size,
+        min_registered=min_registered,
+    )
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
         raise UserError(f"out: {out} already exists; choose a new folder or add overwrite=true")
     if not source.exists():
@@ -244,41 +249,17 @@ def _too_few_message(registered: int, given: int, needed: int, options: SfmOptio
     )
 
 
-def _check_options(camera, camera_model, matching, frames, max_image_size, min_registered) -> None:
-    for key, value, allowed in (
-        ("camera", camera, CAMERA_MODES),
-        ("camera_model", camera_model, CAMERA_MODELS),
-        ("matching", matching, MATCHING),
-    ):
-        if value not in allowed:
-            raise UserError(f"{key}: unknown value {value!r}; expected one of {', '.join(allowed)}")
-    for key, value in (("frames", frames), ("max_image_size", max_image_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise UserError(f"{key}: must be a positive integer, got {value!r}")
-    if not isinstance(min_registered, (int, float)) or not 0 <= min_registered <= 1:
-        raise UserError(f"min_registered: must be a fraction between 0 and 1, got {min_registered!r}")
-
-
 @entry_point(config_name="process_data")
 def main(cfg: DictConfig) -> None:
-    for key in ("input", "out"):
-        if not cfg.get(key):
-            raise UserError(
-                f"{key}: required; usage: python -m pola_gnt.process_data input=PHOTO_DIR|VIDEO out=SCENE_DIR"
-            )
+    settings = ProcessDataSettings.from_config(cfg)
     process_data(
-        cfg.input,
-        cfg.out,
-        frames=cfg.frames,
-        camera=cfg.camera,
-        camera_model=cfg.camera_model,
-        matching=cfg.matching,
-        max_image_size=cfg.max_image_size,
-        min_registered=cfg.min_registered,
-        overwrite=cfg.overwrite,
-        threads=cfg.threads,
-        seed=cfg.seed,
-        progress=cfg.progress and sys.stderr is not None,
+        settings.input,
+        settings.out,
+        **asdict(settings.options),
+        overwrite=settings.overwrite,
+        threads=settings.threads,
+        seed=settings.seed,
+        progress=settings.progress and sys.stderr is not None,
     )
 
 

@@ -1,9 +1,10 @@
 """`python -m pola_gnt.render_video scene=NAME ckpt_path=PATH [video.frames=120] [video.fps=30]
-[video.path=spiral|interpolate]`
+[video.path=spiral|interpolate] [video.scale=0.5]`
 
 Renders a fly-through of a trained checkpoint and writes `video_rgb.mp4` and `video_depth.mp4`
 (H.264, yuv420p) into the run folder (`hydra.run.dir`). Each frame is rendered from its
-`data.num_source_views` nearest training cameras, at the scene's resolution. The model and render
+`data.num_source_views` nearest training cameras, at the scene's resolution times `video.scale`
+(0.5: a preview at half the width and height, about 4x faster; the source views stay at full size). The model and render
 settings come from the checkpoint exactly as for `pola_gnt.eval`; the `video` section and the
 `trainer` section (accelerator, precision) from the command line.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import imageio_ffmpeg
@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 from tqdm import tqdm
 
-from pola_gnt.config import entry_point
+from pola_gnt.config import announce, entry_point
 from pola_gnt.data.llff import Scene
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.data.source_views import nearest_views
@@ -33,59 +33,12 @@ from pola_gnt.errors import UserError
 from pola_gnt.eval import load_trained_checkpoint, task_overrides
 from pola_gnt.evaluation import colorize_depth, to_uint8
 from pola_gnt.model.gnt import GNT, SourceViews
-from pola_gnt.render.camera_paths import PATH_KINDS, interpolate_path, spiral_path
+from pola_gnt.render.camera_paths import interpolate_path, spiral_path
 from pola_gnt.render.renderer import RenderedImage, render_image
+from pola_gnt.settings import VideoSettings
 
 RGB_VIDEO = "video_rgb.mp4"
 DEPTH_VIDEO = "video_depth.mp4"
-
-
-@dataclass(frozen=True)
-class VideoSettings:
-    path: str
-    frames: int
-    fps: float
-    rotations: float
-    z_rate: float
-    radius_scale: float
-    closed: bool
-    crf: int
-
-    @classmethod
-    def from_config(cls, video: DictConfig) -> VideoSettings:
-        """Check the `video` config section; a bad value is a UserError naming its key."""
-
-        def number(key: str, positive: bool = False) -> float:
-            value = video.get(key)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not np.isfinite(value)
-                or (positive and value <= 0)
-            ):
-                raise UserError(f"video.{key}: must be a {'positive ' if positive else ''}number, got {value!r}")
-            return float(value)
-
-        if video.get("path") not in PATH_KINDS:
-            raise UserError(f"video.path: unknown value {video.get('path')!r}; expected one of {', '.join(PATH_KINDS)}")
-        frames = video.get("frames")
-        if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
-            raise UserError(f"video.frames: must be a positive integer, got {frames!r}")
-        crf = video.get("crf")
-        if isinstance(crf, bool) or not isinstance(crf, int) or not 0 <= crf <= 51:
-            raise UserError(f"video.crf: must be an integer from 0 (lossless) to 51, got {crf!r}")
-        if not isinstance(video.get("closed"), bool):
-            raise UserError(f"video.closed: must be true or false, got {video.get('closed')!r}")
-        return cls(
-            path=video.path,
-            frames=frames,
-            fps=number("fps", positive=True),
-            rotations=number("rotations"),
-            z_rate=number("z_rate"),
-            radius_scale=number("radius_scale", positive=True),
-            closed=video.closed,
-            crf=crf,
-        )
 
 
 def scene_camera_path(scene: Scene, settings: VideoSettings) -> Tensor:
@@ -133,12 +86,30 @@ def frame_source_views(scene: Scene, c2w: Tensor, count: int) -> list[int]:
     return nearest_views(c2w[:3, 3], scene.cameras.centers, scene.train_ids, count)
 
 
+def scaled_intrinsics(intrinsics: Tensor, size: tuple[int, int], scaled_size: tuple[int, int]) -> Tensor:
+    """Intrinsics `[3, 3]` of a camera of image size (H, W) `size` rendered at `scaled_size`: focal
+    lengths and principal point scaled per axis (as the loader's downsampling factors do)."""
+    scaled = intrinsics.clone()
+    scaled[0] *= scaled_size[1] / size[1]
+    scaled[1] *= scaled_size[0] / size[0]
+    return scaled
+
+
 def render_frames(
-    net: GNT, scene: Scene, poses: Tensor, num_source_views: int, n_samples: int, chunk_rays: int, fabric: Fabric
+    net: GNT,
+    scene: Scene,
+    poses: Tensor,
+    num_source_views: int,
+    n_samples: int,
+    chunk_rays: int,
+    fabric: Fabric,
+    resolution: tuple[int, int] | None = None,
 ) -> Iterator[RenderedImage]:
-    """Render each camera of `poses` `[frames, 4, 4]` at the scene's resolution, colour and depth."""
-    height, width = scene.resolution
-    intrinsics = scene.cameras.intrinsics[0].to(fabric.device)  # every LLFF view shares the intrinsics
+    """Render each camera of `poses` `[frames, 4, 4]` at `resolution` (H, W; default the scene's),
+    colour and depth."""
+    height, width = resolution or scene.resolution
+    # Every LLFF view shares the intrinsics.
+    intrinsics = scaled_intrinsics(scene.cameras.intrinsics[0], scene.resolution, (height, width)).to(fabric.device)
     encoded = EncodedViews(net, scene, fabric.device)
     for c2w in poses:
         with fabric.autocast():
@@ -232,15 +203,23 @@ def render_video(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> tu
     # Accelerator and precision as the Trainer would use them (the command line's trainer section).
     fabric = Fabric(accelerator=config.trainer.accelerator, devices=1, precision=config.trainer.precision)
     net = trained.system.net.to(fabric.device).eval()
-    height, width = scene.resolution
+    height, width = settings.resolution(*scene.resolution)
     print(f"checkpoint  {trained.path} ({config.model.name}, step {trained.system.checkpoint_step})", flush=True)
     print(
-        f"video       {settings.path} path, {settings.frames} frames at {width}x{height}, {settings.fps:g} fps, "
+        f"video       {settings.path} path, {settings.frames} frames at {width}x{height}"
+        f"{f' (video.scale={settings.scale:g})' if settings.scale != 1 else ''}, {settings.fps:g} fps, "
         f"{config.data.num_source_views} source views, {config.render.n_samples} samples per ray",
         flush=True,
     )
     frames = render_frames(
-        net, scene, poses, config.data.num_source_views, config.render.n_samples, config.render.chunk_rays, fabric
+        net,
+        scene,
+        poses,
+        config.data.num_source_views,
+        config.render.n_samples,
+        config.render.chunk_rays,
+        fabric,
+        (height, width),
     )
     progress = tqdm(frames, total=len(poses), desc="rendering", unit="frame", dynamic_ncols=True)
     # Depth colours span the scene's near/far bounds (normalised), near bright.
@@ -252,6 +231,7 @@ def render_video(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> tu
 
 @entry_point
 def main(cfg: DictConfig) -> None:
+    announce(cfg, with_experiment=False)
     render_video(cfg, Path(HydraConfig.get().runtime.output_dir), task_overrides())
 
 

@@ -52,7 +52,7 @@ from pola_gnt.checkpoints import (
     state_dict_mismatch,
     stored_run_config,
 )
-from pola_gnt.config import check_scene_config, entry_point, validate_config
+from pola_gnt.config import announce, entry_point, validate_config
 from pola_gnt.data.datamodule import SceneDataModule
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.errors import DIVERGED_EXIT_CODE, RunStopped, UserError
@@ -67,6 +67,7 @@ from pola_gnt.runfiles import (
     is_disk_error,
     write_atomic,
 )
+from pola_gnt.settings import RunSettings
 
 LAST = "last.ckpt"
 
@@ -265,7 +266,8 @@ def _diverged(err: NonFiniteError, run_dir: Path) -> RunStopped:
 
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     """Fit, test on the held-out views, and return the `metrics.json` document."""
-    validate_config(cfg)
+    settings = validate_config(cfg)  # every value checked before any work
+    settings.trainer.check_device()
     checkpoint = resolve_checkpoint(cfg.ckpt_path, run_dir)
     resume_step = 0
     if checkpoint is not None:
@@ -281,7 +283,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         if rank_zero:
             clean_temporaries(run_dir, run_dir / CHECKPOINT_DIR, run_dir / "test_views", run_dir / "csv")
         with StopSignals() as signals:
-            return _fit_and_test(cfg, run_dir, checkpoint, resume_step, signals)
+            return _fit_and_test(cfg, settings, run_dir, checkpoint, resume_step, signals)
     except Interrupted as err:  # a repeated signal before training started
         raise RunStopped(
             f"{signal.Signals(err.signum).name} before training started; nothing was saved; "
@@ -298,11 +300,16 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
 
 
 def _fit_and_test(
-    cfg: DictConfig, run_dir: Path, checkpoint: Path | None, resume_step: int, signals: StopSignals
+    cfg: DictConfig,
+    settings: RunSettings,
+    run_dir: Path,
+    checkpoint: Path | None,
+    resume_step: int,
+    signals: StopSignals,
 ) -> dict:
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     scene = load_scene(cfg.scene, cfg.data)
-    check_scene_config(cfg, scene)
+    settings.check_scene(scene)
     datamodule = SceneDataModule(cfg, scene)
     system = GNTSystem(OmegaConf.to_container(cfg, resolve=True))
     system.output_dir = run_dir
@@ -332,6 +339,7 @@ def _fit_and_test(
 
 @entry_point
 def main(cfg: DictConfig) -> None:
+    announce(cfg)
     train(cfg, Path(HydraConfig.get().runtime.output_dir))
 
 

@@ -4,12 +4,11 @@ is missing and skip elsewhere; its location can be overridden with `POLA_GNT_SHA
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_module  # noqa: F401  (re-exported: `from conftest import run_module`)
 
 import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
 from pola_gnt.paths import PROJECT_ROOT
@@ -71,17 +70,6 @@ TINY_OVERRIDES = [
     "model.net.encoder.stage_channels=[8,8,8]",
     "trainer.log_every_n_steps=1",
 ]
-
-
-def run_module(module: str, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run `python -m pola_gnt.<module> overrides...` as a user would; returns the finished process."""
-    return subprocess.run(
-        [sys.executable, "-m", f"pola_gnt.{module}", *overrides],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=PROJECT_ROOT,
-    )
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,9 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from pola_gnt.data.llff import Scene
+from pola_gnt.data.sampling import draw_crop, scaled_ray_count
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.data.source_views import nearest_views, random_training_views
-from pola_gnt.errors import UserError
 from pola_gnt.render.rays import pixel_coordinates, pixel_rays, sample_depths
 
 Batch = dict[str, Tensor]
@@ -66,12 +66,14 @@ class TrainSteps(Dataset):
         batch = source_batch(scene, source_ids)
         intrinsics = scene.cameras.intrinsics[target].clone()
         image = scene.images[target]  # [H, W, 3]
-        if cfg.crop:
-            batch, intrinsics, image = self._crop(batch, intrinsics, image, rng)
+        window = self._crop_window(image.shape[:2], rng)
+        if window is not None:
+            batch, intrinsics, image = crop_views(batch, intrinsics, image, window)
+        n_rays = cfg.rays_per_step
+        if getattr(cfg, "scale_rays_with_views", False):  # GNT: rays x views about constant
+            n_rays = scaled_ray_count(n_rays, cfg.num_source_views, len(source_ids))
         height, width = image.shape[:2]
-        chosen = torch.from_numpy(
-            rng.choice(height * width, size=min(cfg.rays_per_step, height * width), replace=False)
-        )
+        chosen = torch.from_numpy(rng.choice(height * width, size=min(n_rays, height * width), replace=False))
         rays = pixel_rays(scene.cameras.c2w[target], intrinsics, pixel_coordinates(chosen, width))
         generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
         near, far = scene.depth_range
@@ -86,19 +88,34 @@ class TrainSteps(Dataset):
             "rgb": image.reshape(-1, 3)[chosen],
         }
 
-    def _crop(self, batch: Batch, intrinsics: Tensor, image: Tensor, rng: np.random.Generator):
-        """GNT's random crop: one window shared by the target and its sources (intrinsics shifted)."""
-        crop_h, crop_w = (int(x) for x in self.cfg.crop)
-        height, width = image.shape[:2]
-        if crop_h > height or crop_w > width:
-            raise UserError(f"data.crop: {crop_h}x{crop_w} is larger than the images ({height}x{width})")
-        top, left = int(rng.integers(height - crop_h + 1)), int(rng.integers(width - crop_w + 1))
-        shift = torch.tensor([left, top], dtype=torch.float32)
-        intrinsics[:2, 2] -= shift
-        batch["source_intrinsics"] = batch["source_intrinsics"].clone()
-        batch["source_intrinsics"][:, :2, 2] -= shift
-        batch["source_images"] = batch["source_images"][:, :, top : top + crop_h, left : left + crop_w].contiguous()
-        return batch, intrinsics, image[top : top + crop_h, left : left + crop_w]
+    def _crop_window(self, image_size: tuple[int, int], rng: np.random.Generator) -> tuple[int, int, int, int] | None:
+        """This step's crop `(top, left, height, width)`: `data.crop`'s fixed size or GNT's random size
+        (`data.random_crop`) at a random place; None for the whole image."""
+        cfg = self.cfg
+        if cfg.crop:
+            crop_h, crop_w = (int(x) for x in cfg.crop)
+            height, width = image_size
+            return int(rng.integers(height - crop_h + 1)), int(rng.integers(width - crop_w + 1)), crop_h, crop_w
+        random_crop = getattr(cfg, "random_crop", None)
+        if random_crop:
+            return draw_crop(rng, tuple(random_crop.heights), int(random_crop.area), image_size)
+        return None
+
+
+def crop_views(
+    batch: Batch, intrinsics: Tensor, image: Tensor, window: tuple[int, int, int, int]
+) -> tuple[Batch, Tensor, Tensor]:
+    """Crop the target `image` `[H, W, 3]` and every source image to one `window` (top, left, height,
+    width), shifting the principal points of the target's `intrinsics` and the sources' by its corner."""
+    top, left, crop_h, crop_w = window
+    shift = torch.tensor([left, top], dtype=torch.float32)
+    intrinsics = intrinsics.clone()
+    intrinsics[:2, 2] -= shift
+    batch = dict(batch)
+    batch["source_intrinsics"] = batch["source_intrinsics"].clone()
+    batch["source_intrinsics"][:, :2, 2] -= shift
+    batch["source_images"] = batch["source_images"][:, :, top : top + crop_h, left : left + crop_w].contiguous()
+    return batch, intrinsics, image[top : top + crop_h, left : left + crop_w]
 
 
 class ResumableSampler(Sampler[int]):

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pola_gnt.errors import UserError
+from pola_gnt.errors import UserError, check_int
 from pola_gnt.render.rays import pixel_grid, pixel_rays
 from pola_gnt.runfiles import write_atomic
 
@@ -344,8 +344,7 @@ def _look_at(position: np.ndarray, target: np.ndarray, roll: float) -> np.ndarra
 
 def demo_resolution(factor: int) -> tuple[int, int]:
     """(H, W) of the `images_{factor}` folder (the full resolution divided, rounded down)."""
-    if not isinstance(factor, (int, np.integer)) or isinstance(factor, bool) or factor < 1:
-        raise UserError(f"data.factor: must be a positive integer, got {factor!r}")
+    check_int(factor, "data.factor")
     height, width = FULL_HEIGHT // factor, FULL_WIDTH // factor
     if height < 8:
         raise UserError(f"data.factor: {factor} leaves a {width}x{height} demo image, too small")

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 
-from pola_gnt.errors import UserError
+from pola_gnt.errors import UserError, check_int
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 OTHER_COLOUR_SPACES = ("CMYK", "YCbCr", "LAB", "HSV")
@@ -91,8 +91,7 @@ def load_llff_scene(path: str | Path, factor: int = 8, llffhold: int = 8, name: 
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: scene folder not found")
-    if factor < 1:
-        raise UserError(f"data.factor: must be a positive integer, got {factor}")
+    check_int(factor, "data.factor")
     poses_llff, bounds = read_poses_bounds(path / "poses_bounds.npy")
     image_dir = ensure_image_folder(path, factor)
     image_files = list_images(image_dir)

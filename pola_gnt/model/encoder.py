@@ -106,9 +106,9 @@ class ImageEncoder(nn.Module):
     ):
         super().__init__()
         if len(stage_channels) != len(stage_blocks) or len(stage_channels) < 2:
-            raise UserError(
-                f"model.encoder: stage_channels {tuple(stage_channels)} and stage_blocks "
-                f"{tuple(stage_blocks)} must have equal lengths of at least 2"
+            raise ValueError(
+                f"stage_channels {tuple(stage_channels)} and stage_blocks {tuple(stage_blocks)} must have "
+                f"equal lengths of at least 2"
             )
         self.feature_channels = feature_channels
         self.stem = nn.Sequential(
@@ -133,9 +133,9 @@ class ImageEncoder(nn.Module):
         min_side = 2 ** (len(self.stages) + 1) + 1
         if min(images.shape[-2:]) < min_side:
             raise UserError(
-                f"model.encoder: input {tuple(images.shape[-2:])} too small, needs at least {min_side} "
+                f"model.net.encoder: input {tuple(images.shape[-2:])} too small, needs at least {min_side} "
                 f"pixels per side for {len(self.stages)} stages (raise the image size or "
-                f"model.encoder_input_scale)"
+                f"model.net.encoder_input_scale)"
             )
         x = self.stem(images * 2.0 - 1.0)  # centre the [0, 1] input
         skips = []

@@ -34,7 +34,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pola_gnt.attention.modules import RAY_ATTENTION_KINDS, VIEW_ATTENTION_KINDS
-from pola_gnt.errors import UserError
 from pola_gnt.model.encoder import ImageEncoder
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
 from pola_gnt.render.rays import Rays, pixels_to_grid, points_along_rays, project_points, relative_directions
@@ -201,12 +200,13 @@ class GNT(nn.Module):
         encoder_input_scale: float = 1.0,
     ):
         super().__init__()
+        # The config's values are checked (as user errors naming their keys) by `pola_gnt.settings`.
         if view_attention not in VIEW_ATTENTION_KINDS:
-            raise UserError(f"model.view_attention: {view_attention!r} is not one of {VIEW_ATTENTION_KINDS}")
+            raise ValueError(f"view_attention: {view_attention!r} is not one of {VIEW_ATTENTION_KINDS}")
         if ray_attention not in RAY_ATTENTION_KINDS:
-            raise UserError(f"model.ray_attention: {ray_attention!r} is not one of {RAY_ATTENTION_KINDS}")
+            raise ValueError(f"ray_attention: {ray_attention!r} is not one of {RAY_ATTENTION_KINDS}")
         if not 0.0 < encoder_input_scale <= 1.0:
-            raise UserError(f"model.encoder_input_scale: must be in (0, 1], got {encoder_input_scale}")
+            raise ValueError(f"encoder_input_scale: must be in (0, 1], got {encoder_input_scale}")
         self.n_freqs = n_freqs
         self.encoder_input_scale = encoder_input_scale
         self.encoder = ImageEncoder(**(encoder or {}))

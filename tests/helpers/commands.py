@@ -1,0 +1,92 @@
+"""Running the project's commands in tests, and checking their one-line user errors."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from unittest import mock
+
+from pola_gnt.errors import USER_ERROR_EXIT_CODE
+from pola_gnt.paths import PROJECT_ROOT
+
+# Child processes started through `run_module`, by command (the suite's process budget: prefer
+# `run_in_process` where only the message matters; keep one child-process test per entry point).
+CHILD_PROCESSES: Counter[str] = Counter()
+
+
+@dataclass
+class CommandResult:
+    """What a command left behind: exit code and the text it wrote (the shape of `CompletedProcess`)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_module(
+    module: str, *args: str, timeout: float = 600, env: dict | None = None, cwd=PROJECT_ROOT
+) -> subprocess.CompletedProcess:
+    """Run `python -m pola_gnt.<module> args...` in a child process, as a user would."""
+    CHILD_PROCESSES[module] += 1
+    return subprocess.run(
+        [sys.executable, "-m", f"pola_gnt.{module}", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=env,
+    )
+
+
+# Hydra leaves Python's logging as it is (no log file, no handler bound to the captured streams).
+_KEEP_LOGGING = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
+
+
+def run_in_process(module: str, *overrides: str) -> CommandResult:
+    """Call the `main()` of entry point `pola_gnt.<module>` (a Hydra app: `module` may be `data` for
+    `python -m pola_gnt.data`) with these command-line overrides in this process; its exit code
+    (0 when `main` returns, the `SystemExit` code otherwise) and what it printed."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    name = f"pola_gnt.{module}" + (".__main__" if module == "data" else "")
+    entry = importlib.import_module(name)
+    extra = list(getattr(entry, "NO_OUTPUT_OVERRIDES", []))  # as `python -m pola_gnt.data` adds them
+    argv = [name, *extra, *_KEEP_LOGGING, *overrides]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = 0
+    try:
+        with (
+            mock.patch.object(sys, "argv", argv),
+            contextlib.redirect_stdout(stdout),
+            contextlib.redirect_stderr(stderr),
+        ):
+            entry.main()
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    finally:
+        GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = None  # no stale run config for code that asks Hydra later
+    return CommandResult(code, stdout.getvalue(), stderr.getvalue())
+
+
+def assert_one_error_line(result, *fragments: str, code: int = USER_ERROR_EXIT_CODE) -> str:
+    """The user-error convention: exit code 2 and exactly one line on stderr, starting `error:` and
+    containing every fragment. Returns the line."""
+    stderr = result.stderr if isinstance(result.stderr, str) else result.stderr.decode()
+    assert result.returncode == code, (result.returncode, stderr[-2000:])
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def error_lines(text: str) -> Sequence[str]:
+    return [line for line in text.strip().splitlines() if line.startswith("error:")]

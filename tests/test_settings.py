@@ -1,0 +1,351 @@
+"""Typed settings (`pola_gnt/settings.py`): one place for every config check with the right key
+names, the YAML inheritance of the presets, device-aware defaults (mocked CUDA), GNT's training
+crop and ray scaling, and the video preview scale."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from conftest import TINY_OVERRIDES
+from helpers import assert_one_error_line, run_in_process
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from pola_gnt.config import CONFIG_DIR, CONFIG_NAME, GPU_CONFIG_NAME, default_config_name, validate_config
+from pola_gnt.data.datamodule import TrainSteps, crop_views, source_batch
+from pola_gnt.data.sampling import crop_size, draw_crop, scaled_ray_count
+from pola_gnt.data.scenes import load_scene
+from pola_gnt.errors import UserError, check_int, check_number
+from pola_gnt.render.rays import pixel_grid, pixel_rays
+from pola_gnt.render_video import scaled_intrinsics
+from pola_gnt.settings import RandomCrop, RunSettings, VideoSettings
+
+
+def compose_config(*overrides: str, name: str = CONFIG_NAME):
+    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
+        return compose(name, overrides=list(overrides), return_hydra_config=True)
+
+
+@pytest.fixture
+def gpu_present(monkeypatch):
+    """A machine with a CUDA device, as far as the config's choices can tell."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+# ---- one place, right key names --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("model.net.view_attention=linear", "model.net.view_attention"),  # was named model.view_attention
+        ("model.net.ray_attention=subtraction", "model.net.ray_attention"),
+        ("model.net.encoder_input_scale=0", "model.net.encoder_input_scale"),  # was model.encoder_input_scale
+        ("model.net.encoder_input_scale=1.5", "model.net.encoder_input_scale"),
+        ("model.net.encoder.stage_blocks=[1]", "model.net.encoder"),
+        ("model.net.encoder.stage_channels=[8,0,8]", "model.net.encoder.stage_channels"),
+        ("model.net.ffn_mult=0", "model.net.ffn_mult"),
+        ("model.net.ray_lepe=sometimes", "model.net.ray_lepe"),
+        ("model.net.heads=3", "model.net.width"),  # 16 is not divisible by 2 * 3
+        ("data.factor=0", "data.factor"),
+        ("data.scale_rays_with_views=1", "data.scale_rays_with_views"),
+        ("data.random_crop={heights:[300,200],area:1000}", "data.random_crop.heights"),
+        ("data.random_crop={heights:[200,300]}", "data.random_crop"),
+        ("data.random_crop={heights:[20,30],area:0}", "data.random_crop.area"),
+        ("scene.kind=nerf", "scene.kind"),
+        ("video.scale=0", "video.scale"),
+    ],
+)
+def test_bad_values_name_their_full_key(override, key):
+    with pytest.raises(UserError) as error:
+        cfg = compose_config(*TINY_OVERRIDES, override)
+        validate_config(cfg)
+        VideoSettings.from_config(cfg.video)
+    message = str(error.value)
+    assert message.startswith(f"{key}:") and "\n" not in message, message
+
+
+def test_each_kind_of_message_is_worded_once():
+    """The same check gives the same words wherever the value comes from (config, library call)."""
+    from pola_gnt.data.demo_scene import demo_resolution
+
+    with pytest.raises(UserError) as from_library:
+        demo_resolution(0)
+    with pytest.raises(UserError) as from_config:
+        validate_config(compose_config("data.factor=0"))
+    assert str(from_library.value) == str(from_config.value) == "data.factor: must be a positive integer, got 0"
+    with pytest.raises(UserError, match=r"^video.crf: must be an integer from 0 to 51 \(0 lossless, 51 worst\)"):
+        check_int(60, "video.crf", 0, 51, why="0 lossless, 51 worst")
+    with pytest.raises(UserError, match=r"^optim.decay_rate: must be a number in \(0, 1\]"):
+        check_number(0, "optim.decay_rate", 0, 1)
+    assert check_int(np.int64(3), "x") == 3 and check_number(2, "x", 0) == 2.0
+
+
+@pytest.mark.parametrize("experiment", ["quick", "standard", "paper"])
+@pytest.mark.parametrize("model", ["gnt", "pola_gnt"])
+def test_every_preset_gives_valid_settings(model, experiment):
+    settings = validate_config(compose_config(f"model={model}", f"experiment={experiment}"))
+    assert isinstance(settings, RunSettings) and settings.model.name == model
+    if experiment != "quick":  # GNT's model size and training recipe
+        assert (settings.model.width, settings.model.n_blocks, settings.model.encoder.stage_blocks) == (
+            64,
+            4,
+            (3, 4, 6),
+        )
+        assert settings.data.random_crop == RandomCrop(heights=(250, 750), area=240000)
+        assert settings.data.scale_rays_with_views and settings.data.factor == 4 and settings.render.n_samples == 192
+    else:
+        assert settings.data.random_crop is None and not settings.data.scale_rays_with_views
+
+
+def test_pola_gnt_yaml_is_gnt_plus_its_attention():
+    """conf/model/pola_gnt.yaml inherits GNT's file and sets only its name and 3 attention keys."""
+    text = yaml.safe_load((Path(CONFIG_DIR) / "model" / "pola_gnt.yaml").read_text())
+    assert text["defaults"] == ["gnt", "_self_"]
+    assert set(text) == {"defaults", "name", "net"} and set(text["net"]) == {
+        "view_attention",
+        "ray_attention",
+        "ray_lepe",
+    }
+    gnt, pola = compose_config("model=gnt").model, compose_config("model=pola_gnt").model
+    assert {k for k in gnt.net if gnt.net[k] != pola.net[k]} == {"view_attention", "ray_attention", "ray_lepe"}
+
+
+# ---- device-aware defaults ------------------------------------------------------------------
+
+
+def _choices(cfg) -> tuple[str, str, str, str]:
+    choices = cfg.hydra.runtime.choices
+    return choices.trainer, choices.experiment, cfg.trainer.accelerator, cfg.trainer.precision
+
+
+def test_without_a_gpu_the_defaults_are_cpu_and_quick(no_gpu):
+    assert default_config_name() == CONFIG_NAME
+    assert _choices(compose_config()) == ("cpu", "quick", "cpu", "32-true")
+
+
+def test_with_a_gpu_the_defaults_are_gpu_bf16_and_standard(gpu_present):
+    assert default_config_name() == GPU_CONFIG_NAME
+    cfg = compose_config(name=GPU_CONFIG_NAME)
+    assert _choices(cfg) == ("gpu", "standard", "gpu", "bf16-mixed")
+    assert cfg.trainer.max_steps == 16000 and cfg.model.net.width == 64 and cfg.data.rays_per_step == 2048
+    # The rest of the config is the project's: the GPU file only changes the two choices.
+    cpu = OmegaConf.to_container(compose_config("trainer=gpu", "experiment=standard"), resolve=False)
+    gpu = OmegaConf.to_container(cfg, resolve=False)
+    for part in (cpu, gpu):
+        part.pop("hydra")
+    assert cpu == gpu
+
+
+@pytest.mark.parametrize(
+    "name, overrides, expected",
+    [
+        (GPU_CONFIG_NAME, ["trainer=cpu"], ("cpu", "standard", "cpu", "32-true")),
+        (GPU_CONFIG_NAME, ["experiment=quick"], ("gpu", "quick", "gpu", "bf16-mixed")),
+        (GPU_CONFIG_NAME, ["experiment=paper", "trainer=cpu"], ("cpu", "paper", "cpu", "32-true")),
+        (GPU_CONFIG_NAME, ["trainer=ddp"], ("ddp", "standard", "auto", "bf16-mixed")),
+        (CONFIG_NAME, ["trainer=gpu"], ("gpu", "quick", "gpu", "bf16-mixed")),
+        (CONFIG_NAME, ["experiment=paper"], ("gpu", "paper", "gpu", "bf16-mixed")),  # paper selects the GPU
+        (CONFIG_NAME, ["experiment=paper", "trainer=cpu"], ("cpu", "paper", "cpu", "32-true")),
+    ],
+)
+def test_explicit_choices_win(name, overrides, expected):
+    assert _choices(compose_config(*overrides, name=name)) == expected
+
+
+def test_the_choice_is_printed_and_cfg_job_follows_the_machine(tmp_path, monkeypatch):
+    run_dir = f"hydra.run.dir={tmp_path}"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    # A bad value stops the command after the line: no training starts.
+    result = run_in_process("train", "data.rays_per_step=0", run_dir)
+    assert (
+        result.stdout.splitlines()[0]
+        == "device: cuda (bf16; auto: GPU present), experiment: standard (auto: GPU present)"
+    )
+    assert_one_error_line(result, "data.rays_per_step")
+    result = run_in_process("train", "trainer=cpu", "experiment=quick", "data.rays_per_step=0", run_dir)
+    assert result.stdout.splitlines()[0] == "device: cpu (fp32; given), experiment: quick (given)"
+    shown = run_in_process("train", "--cfg", "job")
+    assert shown.returncode == 0 and "accelerator: gpu" in shown.stdout and "max_steps: 16000" in shown.stdout
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = run_in_process("eval", "ckpt_path=missing.ckpt", run_dir)
+    assert result.stdout.splitlines()[0] == "device: cpu (fp32; auto: no GPU)"
+    assert_one_error_line(result, "missing.ckpt")
+    shown = run_in_process("train", "--cfg", "job")
+    assert "accelerator: cpu" in shown.stdout and "max_steps: 600" in shown.stdout
+
+
+def test_a_gpu_trainer_without_a_gpu_is_one_error_line(tmp_path, no_gpu):
+    result = run_in_process("train", "experiment=paper", f"hydra.run.dir={tmp_path}")
+    assert (
+        result.stdout.splitlines()[0] == "device: cuda (bf16; selected by experiment=paper), experiment: paper (given)"
+    )
+    assert_one_error_line(result, "trainer.accelerator", "trainer=cpu")
+    assert list(tmp_path.iterdir()) == [Path(tmp_path, ".hydra")]  # Hydra's record only, nothing of a run
+
+
+# ---- GNT's random crop and ray scaling ------------------------------------------------------
+
+
+def test_gnt_crop_sizes():
+    """Heights drawn in [250, 750) give even sides of about 400 x 600 pixels (GNT's code)."""
+    sizes = RandomCrop(heights=(250, 750), area=240000).sizes()
+    heights = [h for h, _ in sizes]
+    assert min(heights) == 250 and max(heights) == 750 and len(sizes) == 251
+    for height, width in sizes:
+        assert height % 2 == 0 and width % 2 == 0
+        assert abs(height * width - 240000) <= height + width + 1
+    assert crop_size(399, 240000) == (400, 600) and crop_size(250, 240000) == (250, 960)
+
+
+def test_draw_crop_stays_inside_the_image_and_covers_it():
+    rng = np.random.default_rng(0)
+    windows = [draw_crop(rng, (250, 750), 240000, (756, 1008)) for _ in range(3000)]
+    assert all(w is not None for w in windows)  # every GNT size fits LLFF at factor 4
+    tops, lefts = np.array([w[0] for w in windows]), np.array([w[1] for w in windows])
+    for top, left, height, width in windows:
+        assert 0 <= top <= 756 - height and 0 <= left <= 1008 - width and 250 <= height <= 750
+    assert tops.min() == 0 and lefts.min() == 0  # uniform placement reaches the borders
+    assert max(w[0] + w[2] for w in windows) == 756 and max(w[1] + w[3] for w in windows) == 1008
+    # At factor 8 (378 x 504) no GNT size fits: the image is used whole, as in GNT's code.
+    assert all(draw_crop(rng, (250, 750), 240000, (378, 504)) is None for _ in range(200))
+
+
+def test_crop_views_cuts_target_and_sources_alike_and_shifts_intrinsics():
+    scene = load_scene(
+        OmegaConf.create({"name": "demo", "kind": "demo", "path": None}),
+        OmegaConf.create({"root": None, "factor": 32, "llffhold": 8}),
+    )
+    target, sources = scene.train_ids[0], scene.train_ids[1:4]
+    batch = source_batch(scene, sources)
+    window = (10, 17, 40, 60)  # top, left, height, width
+    cropped, intrinsics, image = crop_views(batch, scene.cameras.intrinsics[target], scene.images[target], window)
+    assert torch.equal(image, scene.images[target][10:50, 17:77])
+    assert torch.equal(cropped["source_images"], batch["source_images"][:, :, 10:50, 17:77])
+    # A pixel (u, v) of the crop is the ray of pixel (u + left, v + top) of the whole image.
+    pixels = pixel_grid(40, 60)
+    c2w = scene.cameras.c2w[target]
+    in_crop = pixel_rays(c2w, intrinsics, pixels)
+    whole = pixel_rays(c2w, scene.cameras.intrinsics[target], pixels + torch.tensor([17.0, 10.0]))
+    torch.testing.assert_close(in_crop.directions, whole.directions)
+    # A point projects into each cropped source at its whole-image pixel minus the corner.
+    for view in range(len(sources)):
+        full, crop = batch["source_intrinsics"][view], cropped["source_intrinsics"][view]
+        torch.testing.assert_close(crop[:2, 2], full[:2, 2] - torch.tensor([17.0, 10.0]))
+        torch.testing.assert_close(crop[:, :2], full[:, :2])
+    assert torch.equal(batch["source_intrinsics"], source_batch(scene, sources)["source_intrinsics"])  # not in place
+
+
+def _find_window(part: torch.Tensor, whole: torch.Tensor) -> tuple[int, int]:
+    """Where `part` `[3, h, w]` sits inside `whole` `[3, H, W]`."""
+    height, width = part.shape[-2:]
+    corner = (whole == part[:, :1, :1]).all(dim=0)  # where the first pixel's colour occurs
+    for top, left in corner.nonzero().tolist():
+        if torch.equal(whole[:, top : top + height, left : left + width], part):
+            return top, left
+    raise AssertionError("not a window of the image")
+
+
+def test_training_steps_crop_consistently_and_scale_the_rays():
+    cfg = compose_config(
+        *TINY_OVERRIDES,
+        "data.num_source_views=4",
+        "data.random_crop={heights:[40,80],area:4000}",
+        "data.scale_rays_with_views=true",
+    )
+    settings = validate_config(cfg)
+    scene = load_scene(cfg.scene, cfg.data)
+    settings.check_scene(scene)
+    counts = set()
+    for data in (cfg.data, settings.data):  # the config section or the typed settings
+        steps = TrainSteps(scene, data, cfg.render.n_samples, 12, seed=0, rank=0)
+        for step in range(12):
+            batch = steps[step]
+            images = batch["source_images"]
+            height, width = images.shape[-2:]
+            assert (height, width) in RandomCrop((40, 80), 4000).sizes()
+            corners = {
+                _find_window(images[i], scene.images[v].permute(2, 0, 1))
+                for i, v in enumerate(batch["source_ids"].tolist())
+            }
+            assert len(corners) == 1  # one window for every source
+            top, left = corners.pop()
+            shift = torch.tensor([left, top], dtype=torch.float32)
+            for i, view in enumerate(batch["source_ids"].tolist()):
+                torch.testing.assert_close(
+                    batch["source_intrinsics"][i][:2, 2], scene.cameras.intrinsics[view][:2, 2] - shift
+                )
+            # The target's rays and colours come from the same window.
+            target = int(batch["target_id"])
+            window = scene.images[target][top : top + height, left : left + width].reshape(-1, 3)
+            matches = (batch["rgb"][:, None, :] == window[None]).all(-1)
+            assert matches.any(dim=1).all()
+            drawn = len(batch["source_ids"])
+            assert len(batch["rgb"]) == scaled_ray_count(64, 4, drawn) == int(64 * 4 / drawn)
+            counts.add(len(batch["rgb"]))
+    assert len(counts) > 1  # the number of views drawn varies, and the rays with it
+
+
+def test_without_the_recipe_the_steps_are_unchanged():
+    """Off (the quick preset), a step draws exactly what it drew before: same views, rays, colours."""
+    cfg = compose_config(*TINY_OVERRIDES)
+    scene = load_scene(cfg.scene, cfg.data)
+    plain = TrainSteps(scene, cfg.data, cfg.render.n_samples, 4, seed=0, rank=0)
+    for step in range(4):
+        batch = plain[step]
+        assert len(batch["rgb"]) == 64 and batch["source_images"].shape[-2:] == scene.images.shape[1:3]
+    # The random crop only changes what the crop draws, after the views.
+    cropped = compose_config(*TINY_OVERRIDES, "data.random_crop={heights:[40,80],area:4000}")
+    with_crop = TrainSteps(scene, cropped.data, cfg.render.n_samples, 4, seed=0, rank=0)
+    for step in range(4):
+        assert torch.equal(plain[step]["source_ids"], with_crop[step]["source_ids"])
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["data.random_crop={heights:[200,300],area:40000}"], "data.random_crop: none of its sizes"),
+        (
+            ["data.random_crop={heights:[20,30],area:400}", "data.rays_per_step=500"],
+            "data.random_crop: a 24x16 random crop has 384 pixels, fewer than data.rays_per_step (500)",
+        ),
+        (["data.random_crop={heights:[40,80],area:4000}", "data.crop=[32,32]"], "data.random_crop: set together"),
+        (
+            ["data.rays_per_step=8000", "data.scale_rays_with_views=true"],
+            "data.rays_per_step: 8000 (up to 24000 with data.scale_rays_with_views)",
+        ),
+        (["data.crop=[12,12]", "data.rays_per_step=16"], "data.crop: the smallest side"),
+    ],
+)
+def test_the_recipe_is_checked_against_the_scene(overrides, key):
+    with pytest.raises(UserError) as error:
+        cfg = compose_config(*TINY_OVERRIDES, *overrides)
+        validate_config(cfg).check_scene(load_scene(cfg.scene, cfg.data))
+    assert key in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+# ---- video preview scale --------------------------------------------------------------------
+
+
+def test_video_scale_renders_the_same_camera_at_a_fraction_of_the_size():
+    video = compose_config("video.scale=0.5").video
+    settings = VideoSettings.from_config(video)
+    assert settings.scale == 0.5 and settings.resolution(94, 126) == (47, 63)
+    intrinsics = torch.tensor([[100.0, 0.0, 63.0], [0.0, 100.0, 47.0], [0.0, 0.0, 1.0]])
+    half = scaled_intrinsics(intrinsics, (94, 126), (47, 63))
+    c2w = torch.eye(4)
+    # Pixel (u, v) at half size looks along the ray of pixel (2u, 2v) at full size.
+    pixels = pixel_grid(47, 63)
+    torch.testing.assert_close(
+        pixel_rays(c2w, half, pixels).directions, pixel_rays(c2w, intrinsics, 2 * pixels).directions
+    )
+    assert VideoSettings.from_config(compose_config().video).scale == 1.0
