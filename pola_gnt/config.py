@@ -1,5 +1,7 @@
-"""Hydra entry-point helper: every command composes `conf/config.yaml` and reports user errors
-as one `error:` line with exit code 2."""
+"""Hydra entry-point helper: every command composes the project config for the machine it runs on
+(`conf/config.yaml`, or `conf/config_gpu.yaml` when a CUDA device is present), says which device and
+preset it chose, and reports user errors as one `error:` line with exit code 2. The values
+themselves are checked in `pola_gnt.settings`."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DATA_ENV = "POLA_GNT_DATA"
 LPIPS_WEIGHTS_ENV = "POLA_GNT_LPIPS_WEIGHTS"
+DEMO_ENV = "POLA_GNT_DEMO"
 
 
 def default_data_root() -> Path:
@@ -24,5 +25,7 @@ def default_data_root() -> Path:
 
 
 def demo_scene_dir() -> Path:
-    """Where the synthetic demo scene is generated on first use (git-ignored)."""
-    return PROJECT_ROOT / "data" / "demo"
+    """Where the synthetic demo scene is generated on first use: `$POLA_GNT_DEMO`, else `data/demo`
+    in the project (git-ignored)."""
+    env = os.environ.get(DEMO_ENV)
+    return Path(env).expanduser() if env else PROJECT_ROOT / "data" / "demo"

@@ -11,7 +11,7 @@ import torch
 from helpers import run_module  # noqa: F401  (re-exported: `from conftest import run_module`)
 
 import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
-from pola_gnt.paths import PROJECT_ROOT
+from pola_gnt.paths import DEMO_ENV, PROJECT_ROOT
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
@@ -27,6 +27,20 @@ def _require(path: Path) -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def demo_scene_in_tmp(tmp_path_factory):
+    """The demo scene is generated under pytest's temporary folder (for this process and the
+    commands it starts), never in the project's `data/demo`: tests write only below tmp paths."""
+    folder = tmp_path_factory.mktemp("demo_scene")
+    previous = os.environ.get(DEMO_ENV)
+    os.environ[DEMO_ENV] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop(DEMO_ENV, None)
+    else:
+        os.environ[DEMO_ENV] = previous
 
 
 @pytest.fixture(scope="session")

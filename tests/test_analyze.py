@@ -8,7 +8,8 @@ import math
 import imageio.v3 as iio
 import pytest
 import torch
-from conftest import TINY_OVERRIDES, run_module
+from conftest import TINY_OVERRIDES
+from helpers import assert_one_error_line, run_in_process, run_module
 from omegaconf import OmegaConf
 
 from pola_gnt.analyze import (
@@ -71,10 +72,8 @@ def test_analyze_pola_checkpoint_writes_figures_and_numbers(tiny_runs, tmp_path)
 
 def test_analyze_gnt_checkpoint_is_one_error_line(tiny_runs, tmp_path):
     checkpoint = tiny_runs["gnt"] / "checkpoints" / "last.ckpt"
-    result = run_module("analyze", f"ckpt_path={checkpoint}", f"hydra.run.dir={tmp_path}")
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and "model=pola_gnt" in lines[0]
+    result = run_in_process("analyze", f"ckpt_path={checkpoint}", f"hydra.run.dir={tmp_path}")
+    assert_one_error_line(result, "model=pola_gnt")
     assert not (tmp_path / "analysis.json").exists()
 
 

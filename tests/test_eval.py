@@ -9,7 +9,8 @@ from pathlib import Path
 import imageio.v3 as iio
 import pytest
 import torch
-from conftest import TINY_OVERRIDES, run_module
+from conftest import TINY_OVERRIDES
+from helpers import assert_one_error_line, run_in_process, run_module
 from hydra import compose, initialize_config_dir
 
 from pola_gnt.checkpoints import checkpoint_config, run_config_with_overrides
@@ -27,13 +28,6 @@ def compose_config(*overrides: str):
 
 def last_checkpoint(run_dir: Path) -> Path:
     return run_dir / "checkpoints" / "last.ckpt"
-
-
-def assert_one_error_line(result, fragment: str) -> None:
-    assert result.returncode == 2, result.stderr[-2000:]
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr[-2000:]
-    assert fragment in lines[0]
 
 
 @pytest.mark.parametrize(
@@ -135,13 +129,13 @@ def test_run_config_refuses_another_network(tiny_runs, overrides, fragment):
 
 def test_bad_checkpoints_are_one_error_line(tiny_runs, tmp_path):
     pola_checkpoint = last_checkpoint(tiny_runs["pola_gnt"])
-    result = run_module("eval", "model=gnt", f"ckpt_path={pola_checkpoint}", f"hydra.run.dir={tmp_path / 'other'}")
+    result = run_in_process("eval", "model=gnt", f"ckpt_path={pola_checkpoint}", f"hydra.run.dir={tmp_path / 'other'}")
     assert_one_error_line(result, str(pola_checkpoint))
     assert "pola_gnt" in result.stderr and "gnt" in result.stderr
     corrupt = tmp_path / "corrupt.ckpt"
     corrupt.write_bytes(b"PK\x03\x04 not a checkpoint" * 10)
     assert_one_error_line(
-        run_module("eval", f"ckpt_path={corrupt}", f"hydra.run.dir={tmp_path / 'corrupt'}"), str(corrupt)
+        run_in_process("eval", f"ckpt_path={corrupt}", f"hydra.run.dir={tmp_path / 'corrupt'}"), str(corrupt)
     )
     assert not (tmp_path / "other" / "metrics.json").exists()
 

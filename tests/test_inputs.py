@@ -4,15 +4,13 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import imageio.v3 as iio
 import numpy as np
 import pytest
 from conftest import TINY_OVERRIDES
+from helpers import assert_one_error_line, run_in_process, run_module
 from hydra import compose, initialize_config_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -269,28 +267,13 @@ def test_count_mismatch_names_the_images_without_poses(tmp_path):
         load_llff_scene(scene, factor=8)
 
 
-def test_data_check_writes_nothing(tmp_path):
+def test_data_check_writes_nothing(tmp_path, monkeypatch):
     """`python -m pola_gnt.data` prints the summary and leaves no run folder or log anywhere."""
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
     before = set(PROJECT_ROOT.iterdir())
-    result = subprocess.run(
-        [sys.executable, "-m", "pola_gnt.data", "data.factor=32"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_module("data", "data.factor=32", cwd=tmp_path, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "scene" in result.stdout and list(tmp_path.iterdir()) == [] and set(PROJECT_ROOT.iterdir()) == before
-    bad = subprocess.run(
-        [sys.executable, "-m", "pola_gnt.data", "data.llffhold=abc"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: data.llffhold")
-    assert list(tmp_path.iterdir()) == []
-    shutil.rmtree(tmp_path, ignore_errors=True)
+    monkeypatch.chdir(tmp_path)
+    assert_one_error_line(run_in_process("data", "data.llffhold=abc"), "error: data.llffhold")
+    assert list(tmp_path.iterdir()) == [] and set(PROJECT_ROOT.iterdir()) == before

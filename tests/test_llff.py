@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import imageio.v3 as iio
 import numpy as np
 import pytest
 import torch
+from helpers import assert_one_error_line, run_in_process
 
 from pola_gnt.data.llff import llff_to_opencv, load_llff_scene
 from pola_gnt.data.source_views import nearest_views, random_training_views
 from pola_gnt.errors import UserError
-from pola_gnt.paths import PROJECT_ROOT
 from pola_gnt.render.rays import pixel_rays, points_along_rays, project_points
 
 
@@ -191,22 +188,9 @@ def test_bad_input_raises_user_error(corrupt, fern_dir, tmp_path):
         load_llff_scene(scene, factor=8)
 
 
-def _run_data_check(*overrides: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, **(env_extra or {})}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pola_gnt.data",
-            *overrides,
-            "hydra.run.dir=" + str(PROJECT_ROOT / "outputs" / "_data_check"),
-            "hydra.output_subdir=null",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+def _run_data_check(*overrides: str):
+    """`python -m pola_gnt.data overrides...` (in this process: only its output is checked)."""
+    return run_in_process("data", *overrides)
 
 
 @pytest.mark.parametrize(
@@ -216,19 +200,15 @@ def test_bad_input_cli_one_error_line(corrupt, fern_dir, tmp_path):
     scene = _copy_scene(fern_dir, tmp_path / "myscene")
     corrupt(scene)
     result = _run_data_check("scene=llff", "scene.name=myscene", f"data.root={tmp_path}", "data.factor=8")
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and "myscene" in lines[0], result.stderr
+    assert_one_error_line(result, "myscene")
 
 
 def test_missing_scene_folder_cli(tmp_path):
-    result = _run_data_check("scene=fern", f"data.root={tmp_path}")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
-    assert result.stderr.startswith("error:") and str(tmp_path / "fern") in result.stderr
+    assert_one_error_line(_run_data_check("scene=fern", f"data.root={tmp_path}"), str(tmp_path / "fern"))
 
 
-def test_data_check_cli_on_fern(llff_root):
-    result = _run_data_check("scene=fern", "data.factor=8", env_extra={"POLA_GNT_DATA": str(llff_root.parent)})
+def test_data_check_cli_on_fern(llff_root, monkeypatch):
+    monkeypatch.setenv("POLA_GNT_DATA", str(llff_root.parent))
+    result = _run_data_check("scene=fern", "data.factor=8")
     assert result.returncode == 0, result.stderr
     assert "20 at 504x378" in result.stdout and "[0, 8, 16]" in result.stdout

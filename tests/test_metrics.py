@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import urllib.error
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 import torch
+from helpers import CommandResult, assert_one_error_line, run_module
 
 from pola_gnt.errors import UserError
 from pola_gnt.metrics import (
@@ -27,7 +26,7 @@ from pola_gnt.metrics import (
     read_image,
     ssim,
 )
-from pola_gnt.paths import LPIPS_WEIGHTS_ENV, PROJECT_ROOT
+from pola_gnt.paths import LPIPS_WEIGHTS_ENV
 
 
 def _calibration(calibration_dir: Path) -> tuple[dict[str, float], float]:
@@ -277,15 +276,12 @@ def test_metrics_follow_the_inputs_to_cuda(lpips_alex_weights):
 # CLI
 
 
-def _run_cli(*args: str, weights: Path | None = None) -> subprocess.CompletedProcess:
+def _run_cli(*args: str, weights: Path | None = None):
     env = dict(os.environ)
     env.pop(LPIPS_WEIGHTS_ENV, None)
     if weights is not None:
         env[LPIPS_WEIGHTS_ENV] = str(weights)
-    return subprocess.run(
-        [sys.executable, "-m", "pola_gnt.metrics", *args],
-        capture_output=True, text=True, env=env, cwd=PROJECT_ROOT, timeout=300,
-    )  # fmt: skip
+    return run_module("metrics", *args, env=env, timeout=300)
 
 
 def test_cli_prints_one_json_object(lpips_alex_weights, lpips_calibration_dir):
@@ -318,10 +314,9 @@ def test_cli_bad_input_is_one_error_line_and_exit_2(tmp_path, capsys, problem):
         pred = _write_png(tmp_path / "pred.png", np.zeros((40, 40, 3), np.uint8))
     with pytest.raises(SystemExit) as exit_info:
         main([str(pred), str(gt)])
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and str(pred) in lines[0]
-    assert capsys.readouterr().out == ""
+    captured = capsys.readouterr()
+    assert_one_error_line(CommandResult(exit_info.value.code, captured.out, captured.err), str(pred))
+    assert captured.out == ""
 
 
 def test_cli_identical_grayscale_images_without_weights(tmp_path, capsys, offline):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_OVERRIDES
+from helpers import assert_one_error_line
 from hydra import compose, initialize_config_dir
 
 from pola_gnt.config import CONFIG_DIR
@@ -182,9 +183,7 @@ def test_second_run_on_a_folder_refuses_and_a_killed_run_is_resumed(tmp_path):
             text=True,
             timeout=300,
         )
-        lines = second.stderr.strip().splitlines()
-        assert second.returncode == 2 and len(lines) == 1, second.stderr[-2000:]
-        assert lines[0].startswith("error:") and f"pid {first.pid}" in lines[0]
+        assert_one_error_line(second, f"pid {first.pid}")
     finally:
         first.kill()
         first.wait()

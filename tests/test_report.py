@@ -10,10 +10,11 @@ from pathlib import Path
 
 import imageio.v3 as iio
 import pytest
-from conftest import run_module
+from helpers import CommandResult, assert_one_error_line, run_module
 
 from pola_gnt.errors import UserError
 from pola_gnt.report import LLFF_SCENES, METRICS, find_metrics_files, load_run, write_report
+from pola_gnt.report import main as report_main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -71,11 +72,11 @@ def test_report_of_tiny_runs_matches_their_metrics(tiny_runs, tmp_path):
         _assert_png(out / f"report_{metric}.png")
 
 
-def test_report_bad_path_is_one_error_line(tmp_path):
-    result = run_module("report", str(tmp_path / "missing_run"), "--out", str(tmp_path / "out"))
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and "missing_run" in lines[0]
+def test_report_bad_path_is_one_error_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        report_main([str(tmp_path / "missing_run"), "--out", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert_one_error_line(CommandResult(exit_info.value.code, captured.out, captured.err), "missing_run")
     assert not (tmp_path / "out").exists()
 
 

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TINY_OVERRIDES, run_module
+from conftest import TINY_OVERRIDES
+from helpers import assert_one_error_line, run_in_process, run_module
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -92,25 +93,17 @@ def _metrics(run_dir) -> dict:
 def test_resume_matches_uninterrupted_run(tmp_path):
     common = ["model=pola_gnt", *TINY_OVERRIDES, "trainer.val_check_interval=3", "seed=3"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    result = run_module("train", *common, "trainer.max_steps=6", f"hydra.run.dir={straight}")
+    result = run_in_process("train", *common, "trainer.max_steps=6", f"hydra.run.dir={straight}")
     assert result.returncode == 0, result.stderr[-2000:]
-    result = run_module("train", *common, "trainer.max_steps=3", f"hydra.run.dir={resumed}")
+    result = run_in_process("train", *common, "trainer.max_steps=3", f"hydra.run.dir={resumed}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert _metrics(resumed)["global_step"] == 3
-    result = run_module("train", *common, "trainer.max_steps=6", "ckpt_path=last", f"hydra.run.dir={resumed}")
+    result = run_in_process("train", *common, "trainer.max_steps=6", "ckpt_path=last", f"hydra.run.dir={resumed}")
     assert result.returncode == 0, result.stderr[-2000:]
     first, second = _metrics(straight), _metrics(resumed)
     assert second["global_step"] == first["global_step"] == 6
     assert second["mean"] == first["mean"] and second["per_image"] == first["per_image"]
     assert (resumed / "checkpoints" / "last.ckpt").is_file()
-
-
-def _assert_one_error_line(result, *fragments: str) -> None:
-    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr[-2000:]
-    for fragment in fragments:
-        assert fragment in lines[0]
 
 
 @pytest.mark.parametrize(
@@ -123,19 +116,19 @@ def _assert_one_error_line(result, *fragments: str) -> None:
     ],
 )
 def test_unknown_config_value_is_one_error_line(override, fragment, tmp_path):
-    _assert_one_error_line(run_module("train", override, f"hydra.run.dir={tmp_path}"), fragment)
+    assert_one_error_line(run_in_process("train", override, f"hydra.run.dir={tmp_path}"), fragment)
 
 
 def test_resume_without_checkpoint_and_from_other_model(tmp_path, tiny_runs):
-    _assert_one_error_line(run_module("train", "ckpt_path=last", f"hydra.run.dir={tmp_path}"), "last.ckpt")
+    assert_one_error_line(run_in_process("train", "ckpt_path=last", f"hydra.run.dir={tmp_path}"), "last.ckpt")
     gnt_checkpoint = tiny_runs["gnt"] / "checkpoints" / "last.ckpt"
-    result = run_module(
+    result = run_in_process(
         "train", "model=pola_gnt", *TINY_OVERRIDES, f"ckpt_path={gnt_checkpoint}", f"hydra.run.dir={tmp_path}"
     )
-    _assert_one_error_line(result, "gnt")
+    assert_one_error_line(result, "gnt")
     corrupt = tmp_path / "corrupt.ckpt"
     corrupt.write_bytes(b"\x00" * 100)
-    _assert_one_error_line(run_module("train", f"ckpt_path={corrupt}", f"hydra.run.dir={tmp_path}"), "corrupt.ckpt")
+    assert_one_error_line(run_in_process("train", f"ckpt_path={corrupt}", f"hydra.run.dir={tmp_path}"), "corrupt.ckpt")
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 import torch
-from conftest import run_module
+from helpers import assert_one_error_line, run_in_process, run_module
 from omegaconf import OmegaConf
 
 from pola_gnt.checkpoints import read_checkpoint, stored_run_config
@@ -216,9 +216,25 @@ def test_first_frame_matches_a_direct_render(tiny_runs, tiny_video):
     assert psnr(luma(frames[1, :height, :width]), luma(expected)) < 25.0
 
 
+def test_preview_scale_renders_smaller_frames(tiny_runs, tmp_path):
+    """`video.scale=0.5`: the same path at half the width and height (a CPU user's preview)."""
+    checkpoint = tiny_runs["pola_gnt"] / "checkpoints" / "last.ckpt"
+    result = run_in_process(
+        "render_video",
+        f"ckpt_path={checkpoint}",
+        f"data.factor={VIDEO_FACTOR}",
+        "video.frames=2",
+        "video.scale=0.5",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "frames at 32x24 (video.scale=0.5)" in result.stdout
+    for name in (RGB_VIDEO, DEPTH_VIDEO):
+        _, frames = read_video(tmp_path / name)
+        assert frames.shape == (2, 24, 32, 3), name  # round(47 / 2) x round(63 / 2), even already
+
+
 def test_bad_render_options_are_one_error_line(tmp_path):
-    result = run_module("render_video", "ckpt_path=missing.ckpt", "video.frames=0", f"hydra.run.dir={tmp_path}")
-    assert result.returncode == 2, result.stderr[-2000:]
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and "video.frames" in lines[0]
+    result = run_in_process("render_video", "ckpt_path=missing.ckpt", "video.frames=0", f"hydra.run.dir={tmp_path}")
+    assert_one_error_line(result, "video.frames")
     assert not list(tmp_path.glob("*.mp4"))
