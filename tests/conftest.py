@@ -13,7 +13,12 @@ from helpers import run_module  # noqa: F401  (re-exported: `from conftest impor
 import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
 from pola_gnt.paths import DEMO_ENV, PROJECT_ROOT
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# One intra-op thread in the tests and in the commands they start (unless OMP_NUM_THREADS is set):
+# their models and images are tiny, so thread wake-ups cost more than they share. On the shared
+# 2-core machine a tiny training step took 0.14 s (GNT) / 0.25-0.28 s (Pola-GNT) with one thread
+# and 2.2-3.1 s / 2.6-5.3 s with two. Results are compared like with like (both sides one thread).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def _shared_dir() -> Path:
