@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pola_gnt.data.datamodule import Batch
 from pola_gnt.data.llff import Scene
+from pola_gnt.data.scenes import exact_depth_source
 from pola_gnt.evaluation import (
     ViewResult,
     ViewScorer,
@@ -84,7 +85,12 @@ class GNTSystem(pl.LightningModule):
 
     def on_test_epoch_start(self) -> None:
         self.scene = self.trainer.datamodule.scene
-        self.scorer = ViewScorer(self.scene, build_image_metrics(self.cfg.metrics), self.cfg.metrics.protocol)
+        self.scorer = ViewScorer(
+            self.scene,
+            build_image_metrics(self.cfg.metrics),
+            self.cfg.metrics.protocol,
+            exact_depth=exact_depth_source(self.cfg.scene, self.scene),
+        )
         self.test_results = []
 
     def test_step(self, batch: Batch, batch_idx: int) -> None:
