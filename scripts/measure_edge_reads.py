@@ -12,7 +12,10 @@ training views as sources, the model's own `gather_source_samples`) and counts:
 - `colour_ratio`: mean over the strip reads of (colour read) / (edge pixel colour), summed over RGB
   (1.0 when the edge is read correctly; zero padding gives about 0.75).
 
-    python scripts/measure_edge_reads.py scene=fern [experiment=quick] [--out FILE.json]
+    python scripts/measure_edge_reads.py scene=fern [experiment=quick] [--stride 2] [--out FILE.json]
+
+`--stride S` renders every S-th pixel in both directions (S^2 times faster; the full set of 20 fern
+views at 504x378 takes about 10 CPU-minutes).
 
 Key=value arguments are config overrides (the scene, factor, source views and samples of a run).
 """
@@ -47,7 +50,7 @@ def edge_reference(images: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor:
     return values[..., 0].transpose(1, 2)
 
 
-def measure(overrides: list[str]) -> dict:
+def measure(overrides: list[str], stride: int = 1) -> dict:
     with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     scene = load_scene(cfg.scene, cfg.data)
@@ -56,9 +59,11 @@ def measure(overrides: list[str]) -> dict:
     n_samples, n_sources = int(cfg.render.n_samples), int(cfg.data.num_source_views)
     totals = dict.fromkeys(("visible_reads", "strip_reads", "wrong_reads", "seen_samples", "strip_samples"), 0)
     ratio_sum = 0.0
-    pixels = pixel_grid(height, width)
+    rows, cols = len(range(0, height, stride)), len(range(0, width, stride))
+    pixels = pixel_grid(rows, cols) * stride
     images = scene.images.permute(0, 3, 1, 2)  # [views, 3, H, W]
     for view in range(len(scene.image_names)):
+        print(f"view {view + 1}/{len(scene.image_names)}", file=sys.stderr, flush=True)
         ids = eval_source_ids(scene, view, n_sources)
         sources = SourceViews(images[ids], images[ids], scene.cameras.c2w[ids], scene.cameras.intrinsics[ids])
         rays = pixel_rays(scene.cameras.c2w[view], scene.cameras.intrinsics[view], pixels)
@@ -93,6 +98,7 @@ def measure(overrides: list[str]) -> dict:
         "num_source_views": n_sources,
         "n_samples": n_samples,
         "views": len(scene.image_names),
+        "pixel_stride": stride,
         **totals,
         "strip_read_fraction": totals["strip_reads"] / max(totals["visible_reads"], 1),
         "strip_sample_fraction": totals["strip_samples"] / max(totals["seen_samples"], 1),
@@ -104,11 +110,12 @@ def measure(overrides: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. scene=fern")
+    parser.add_argument("--stride", type=int, default=1, help="every S-th pixel in both directions")
     parser.add_argument("--out", type=Path, help="also write the figures as JSON")
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
     started = time.perf_counter()
-    result = measure(args.overrides)
+    result = measure(args.overrides, args.stride)
     result["seconds"] = round(time.perf_counter() - started, 1)
     text = json.dumps(result, indent=2)
     print(text)
