@@ -79,6 +79,9 @@ def process_data(
     started = time.time()
     source, out = Path(source).expanduser(), Path(out).expanduser()
     _check_options(camera, camera_model, matching, frames, max_image_size, max_features, min_registered)
+    for key, value in (("overwrite", overwrite), ("deterministic", deterministic), ("progress", progress)):
+        if not isinstance(value, bool):
+            raise UserError(f"{key}: must be true or false, got {value!r}")
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
         raise UserError(f"out: {out} already exists; choose a new folder or add overwrite=true")
     if not source.exists():
@@ -162,6 +165,8 @@ def process_data(
             "camera_model": camera_model,
             "camera_params": [float(p) for p in camera_info.params],
             "matching": matching,
+            "max_features": max_features,
+            "deterministic": deterministic,
             "mapping_attempts": [asdict(attempt) for attempt in result.attempts],
             "resolution": [height, width],
             "focal_px": focal,
@@ -284,7 +289,7 @@ def main(cfg: DictConfig) -> None:
         threads=cfg.threads,
         seed=cfg.seed,
         deterministic=cfg.deterministic,
-        progress=cfg.progress and sys.stderr is not None,
+        progress=cfg.progress if sys.stderr is not None else False,
     )
 
 

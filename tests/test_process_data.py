@@ -382,6 +382,17 @@ def test_existing_output_is_kept(tmp_path):
     assert (tmp_path / "scene" / "mine.txt").read_text() == "keep"
 
 
+def test_bad_options_are_refused_before_any_work(tmp_path):
+    for options, message in (
+        ({"max_features": 0}, "max_features: must be a positive integer"),
+        ({"deterministic": "yes"}, "deterministic: must be true or false"),
+        ({"camera": "pinhole"}, "camera: unknown value"),
+    ):
+        with pytest.raises(UserError, match=message):
+            _process(tmp_path / "missing", tmp_path / "scene", **options)
+    assert not any(tmp_path.iterdir())
+
+
 def test_missing_pycolmap_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pycolmap", None)
     with pytest.raises(UserError, match=r"pycolmap.*pip install"):

@@ -11,7 +11,9 @@ real LLFF scenes (`poses_bounds.npy` + `images_{factor}/image000.png ...`):
 World frame is OpenCV-like: x right, y down, z forward. Shading is Lambertian with a fixed
 directional light plus ambient, so a surface point has the same colour in every view (what the
 geometry tests rely on). Textures are smooth (sinusoids through a soft `tanh`) and every pixel is
-supersampled 2x2, so the images are anti-aliased and learnable quickly.
+supersampled 2x2, so the images are anti-aliased and learnable quickly. The same smooth, repeating
+textures give SIFT few, poorly located features: for COLMAP round trips `render_demo_view(detail=)`
+adds the fine, irregular surface texture of a real capture (the demo scene itself never uses it).
 
 Twenty cameras sit on a 5 x 4 grid facing +z (serpentine order like a hand-held LLFF capture) with
 small deterministic wobbles of position, aim and roll. Nothing is random: two generations give
