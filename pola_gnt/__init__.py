@@ -12,4 +12,13 @@ import os
 # and the benchmark scripts import this package first. A value set by the user is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# The tests (tests/conftest.py) set POLA_GNT_CHECK_SHAPES=1: every function and dataclass of the
+# package imported from then on checks its annotations, tensor shapes included (jaxtyping's
+# `Float[Tensor, "rays samples 3"]`), with beartype, in the test process and in the commands it
+# starts. Unset (any normal run), nothing is checked and nothing is imported for it.
+if os.environ.get("POLA_GNT_CHECK_SHAPES") == "1":
+    from jaxtyping import install_import_hook
+
+    install_import_hook("pola_gnt", "beartype.beartype")
+
 __version__ = "0.1.0"

@@ -57,7 +57,6 @@ from pola_gnt.data.datamodule import SceneDataModule
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.errors import DIVERGED_EXIT_CODE, RunStopped, UserError
 from pola_gnt.guards import Interrupted, StopSignals, TrainingGuard
-from pola_gnt.model.lightning import GNTSystem
 from pola_gnt.runfiles import (
     NonFiniteError,
     RunLock,
@@ -67,6 +66,7 @@ from pola_gnt.runfiles import (
     is_disk_error,
     write_atomic,
 )
+from pola_gnt.system import GNTSystem
 
 LAST = "last.ckpt"
 

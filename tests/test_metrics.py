@@ -22,11 +22,11 @@ from pola_gnt.metrics import (
     linear_parameters,
     load_lpips,
     lpips_distance,
-    main,
     psnr,
     read_image,
     ssim,
 )
+from pola_gnt.metrics.__main__ import main
 from pola_gnt.paths import LPIPS_WEIGHTS_ENV, PROJECT_ROOT
 
 

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import imageio.v3 as iio
 import numpy as np
 import pytest
+import torch
 from PIL import Image, ImageFilter
 
 from pola_gnt.data.align import camera_errors, umeyama
 from pola_gnt.data.capture import prepare_capture, sharpness
-from pola_gnt.data.llff import llff_to_opencv, load_llff_scene, read_poses_bounds
+from pola_gnt.data.llff import load_llff_scene, read_poses_bounds, to_uint8
 from pola_gnt.errors import UserError
+from pola_gnt.geometry.cameras import llff_to_opencv, look_at
 from pola_gnt.process_data import process_data, resample_pinhole
 
 pytest.importorskip("pycolmap")
@@ -160,28 +163,28 @@ def _render_demo_rig(folder: Path, c2w: np.ndarray, factor: int) -> None:
     height, width = demo_resolution(factor)
     for i, pose in enumerate(c2w):
         rgb, _ = render_demo_view(pose, demo_intrinsics(factor), height, width)
-        iio.imwrite(folder / f"image{i:03d}.png", np.floor(np.clip(rgb, 0, 1) * 255 + 0.5).astype(np.uint8))
+        iio.imwrite(folder / f"image{i:03d}.png", to_uint8(torch.from_numpy(rgb)))
 
 
 def _demo_grid_rig(columns: int, rows: int) -> np.ndarray:
     """The demo scene's forward-facing rig (same extent, wobble of position, aim and roll) on a
     `columns` x `rows` grid -> OpenCV c2w `[views, 4, 4]`, serpentine order."""
-    from pola_gnt.data.demo_scene import _look_at
-
-    poses = []
+    positions, targets, rolls = [], [], []
     for row in range(rows):
         for column in range(columns) if row % 2 == 0 else reversed(range(columns)):
-            i = len(poses)
-            position = np.array(
+            i = len(positions)
+            positions.append(
                 [
                     -0.6 + 1.2 * column / (columns - 1) + 0.04 * np.sin(1.7 * i + 0.3),
                     -0.3 + 0.6 * row / (rows - 1) + 0.03 * np.sin(2.3 * i + 1.1),
                     0.08 * np.sin(1.3 * i + 0.7),
                 ]
             )
-            target = np.array([0.25 * np.sin(0.9 * i), 0.3 + 0.15 * np.cos(1.1 * i), 6.0])
-            poses.append(_look_at(position, target, roll=np.radians(2.0) * np.sin(1.9 * i)))
-    return np.stack(poses)
+            targets.append([0.25 * np.sin(0.9 * i), 0.3 + 0.15 * np.cos(1.1 * i), 6.0])
+            rolls.append(np.radians(2.0) * np.sin(1.9 * i))
+    as_tensor = partial(torch.tensor, dtype=torch.float64)
+    down = as_tensor([0.0, 1.0, 0.0])
+    return look_at(as_tensor(positions), as_tensor(targets), down, roll=as_tensor(rolls)).numpy()
 
 
 @pytest.mark.manual
@@ -195,7 +198,7 @@ def test_demo_scene_round_trip(tmp_path):
     import torch
 
     from pola_gnt.data.demo_scene import _trace_depth, demo_intrinsics
-    from pola_gnt.render.rays import pixel_grid
+    from pola_gnt.geometry.rays import pixel_grid
 
     c2w = _demo_grid_rig(8, 5)
     _render_demo_rig(tmp_path / "photos", c2w, factor=4)

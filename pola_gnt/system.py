@@ -1,4 +1,6 @@
-"""LightningModule: GNT's optimisation (Adam, two learning rates, step decay, MSE) and evaluation."""
+"""The LightningModule: GNT's optimisation (Adam, two learning rates, step decay, MSE) and the test
+phase (render every held-out view, score it, write the results). Training, `eval` and the trained-run
+loader build it; it sits above the model and the scoring it joins."""
 
 from __future__ import annotations
 
@@ -11,9 +13,12 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from pola_gnt.data.datamodule import Batch
+from pola_gnt.data.batches import RayBatch, SourceBatch, ViewBatch
 from pola_gnt.data.llff import Scene
-from pola_gnt.evaluation import (
+from pola_gnt.metrics import LOGGED_MIN_MSE, mse_to_psnr
+from pola_gnt.model.gnt import GNT, RayOutput, SourceViews
+from pola_gnt.model.renderer import render_image
+from pola_gnt.scoring import (
     ViewResult,
     ViewScorer,
     build_image_metrics,
@@ -21,13 +26,6 @@ from pola_gnt.evaluation import (
     protocol_stride,
     write_results,
 )
-from pola_gnt.model.gnt import GNT, SourceViews
-from pola_gnt.render.rays import Rays
-from pola_gnt.render.renderer import render_image
-
-
-def mse_to_psnr(mse: torch.Tensor) -> torch.Tensor:
-    return -10.0 * torch.log10(mse.clamp(min=1e-10))
 
 
 class GNTSystem(pl.LightningModule):
@@ -46,25 +44,24 @@ class GNTSystem(pl.LightningModule):
 
     # ---- training --------------------------------------------------------------------------
 
-    def _sources(self, batch: Batch) -> SourceViews:
-        return self.net.source_views(batch["source_images"], batch["source_c2w"], batch["source_intrinsics"])
+    def encode_sources(self, sources: SourceBatch) -> SourceViews:
+        return self.net.source_views(sources.images, sources.c2w, sources.intrinsics)
 
-    def _render_batch(self, batch: Batch):
-        rays = Rays(batch["origins"], batch["directions"])
-        return self.net(rays, batch["depths"], self._sources(batch))
+    def render_batch(self, batch: RayBatch) -> RayOutput:
+        return self.net(batch.rays, batch.depths, self.encode_sources(batch.sources))
 
-    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        output = self._render_batch(batch)
-        loss = F.mse_loss(output.rgb.float(), batch["rgb"])
-        n_rays = len(batch["rgb"])
+    def training_step(self, batch: RayBatch, batch_idx: int) -> torch.Tensor:
+        output = self.render_batch(batch)
+        loss = F.mse_loss(output.rgb.float(), batch.rgb)
+        n_rays = len(batch.rgb)
         self.log("train/loss", loss, batch_size=n_rays)
-        self.log("train/psnr", mse_to_psnr(loss.detach()), prog_bar=True, batch_size=n_rays)
+        self.log("train/psnr", mse_to_psnr(loss.detach(), LOGGED_MIN_MSE), prog_bar=True, batch_size=n_rays)
         return loss
 
-    def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        output = self._render_batch(batch)
-        mse = F.mse_loss(output.rgb.float().clamp(0, 1), batch["rgb"])
-        self.log("val/psnr", mse_to_psnr(mse), prog_bar=True, sync_dist=True, batch_size=len(batch["rgb"]))
+    def validation_step(self, batch: RayBatch, batch_idx: int) -> None:
+        output = self.render_batch(batch)
+        mse = F.mse_loss(output.rgb.float().clamp(0, 1), batch.rgb)
+        self.log("val/psnr", mse_to_psnr(mse, LOGGED_MIN_MSE), prog_bar=True, sync_dist=True, batch_size=len(batch.rgb))
 
     def configure_optimizers(self):
         optim = self.cfg.optim
@@ -87,23 +84,22 @@ class GNTSystem(pl.LightningModule):
         self.scorer = ViewScorer(self.scene, build_image_metrics(self.cfg.metrics), self.cfg.metrics.protocol)
         self.test_results = []
 
-    def test_step(self, batch: Batch, batch_idx: int) -> None:
+    def test_step(self, batch: ViewBatch, batch_idx: int) -> None:
         stride = protocol_stride(self.cfg.metrics.protocol)
         height, width = self.scene.resolution
         rendered = render_image(
             self.net,
-            batch["c2w"],
-            batch["intrinsics"],
+            batch.c2w,
+            batch.intrinsics,
             height,
             width,
-            self._sources(batch),
+            self.encode_sources(batch.sources),
             self.scene.depth_range,
             self.cfg.render.n_samples,
             self.cfg.render.chunk_rays,
             stride=stride,
         )
-        view = int(batch["view_id"])
-        self.test_results.append(self.scorer(view, rendered.rgb, rendered.depth, self.cfg.output.save_images))
+        self.test_results.append(self.scorer(batch.view, rendered.rgb, rendered.depth, self.cfg.output.save_images))
 
     def on_test_epoch_end(self) -> None:
         results = self.test_results
