@@ -26,13 +26,14 @@ from pola_gnt.data.scenes import load_scene
 from pola_gnt.trained_runs import load_trained_checkpoint, task_overrides
 
 
-def evaluate(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> dict:
-    """Test the checkpoint on the held-out views; return the `metrics.json` document. `overrides`:
-    the command line's keys (`task_overrides()`), the only ones that change the checkpoint's config."""
+def evaluate(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> dict | None:
+    """Test the checkpoint on the held-out views; return the `metrics.json` document (None on the
+    ranks other than 0). `overrides`: the command line's keys (`task_overrides()`), the only ones
+    that change the checkpoint's config."""
     trained = load_trained_checkpoint(cfg, run_dir, overrides)
     config = trained.config
     scene = load_scene(config.scene, config.data)
-    trained.system.output_dir = run_dir
+    trained.system.output_dir, trained.system.scene = run_dir, scene
     # The machine settings (accelerator, precision, devices) are the command line's; nothing is logged
     # or checkpointed: the results are the files written by the test phase.
     trainer: pl.Trainer = instantiate(

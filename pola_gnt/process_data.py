@@ -119,7 +119,7 @@ def process_data(
         model = result.reconstruction
         registered = registered_images(model) if model is not None else {}
         needed = max(MIN_IMAGES, math.ceil(min_registered * len(names)))
-        if len(registered) < needed:
+        if model is None or len(registered) < needed:
             raise UserError(_too_few_message(len(registered), len(names), needed, options))
         kept = sorted(registered)
         left_out = [name for name in names if name not in registered]
@@ -196,7 +196,10 @@ def _write_undistorted(model_dir: Path, work: Path, images_dir: Path, names: lis
             shutil.copyfile(file, images_dir / name)  # COLMAP's undistortion already centres it
             continue
         image = resample_pinhole(read_image(file), cameras[name], focal, width, height)
-        iio.imwrite(images_dir / name, image, **({"quality": 95} if name.endswith(".jpg") else {}))
+        if name.endswith(".jpg"):
+            iio.imwrite(images_dir / name, image, quality=95)
+        else:
+            iio.imwrite(images_dir / name, image)
     return focal, width, height
 
 

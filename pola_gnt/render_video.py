@@ -11,7 +11,7 @@ settings come from the checkpoint exactly as for `pola_gnt.eval`; the `video` se
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +38,11 @@ from pola_gnt.trained_runs import load_trained_checkpoint, task_overrides
 
 RGB_VIDEO = "video_rgb.mp4"
 DEPTH_VIDEO = "video_depth.mp4"
+
+FrameWriter = Generator[None, np.ndarray | None, None]
+# imageio-ffmpeg has no annotations (a checker infers an int `fps` and `quality` from the defaults);
+# its documented contract: `fps` any positive number, `quality=None` to leave the rate to `-crf`.
+_write_frames: Callable[..., FrameWriter] = imageio_ffmpeg.write_frames
 
 
 @dataclass(frozen=True)
@@ -161,14 +166,14 @@ class Mp4Writer:
     def __init__(self, path: Path, fps: float, crf: int):
         self.path = path
         self.fps, self.crf = fps, crf
-        self.encoder: Generator[None, np.ndarray | None, None] | None = None  # imageio-ffmpeg's frame generator
+        self.encoder: FrameWriter | None = None  # imageio-ffmpeg's frame generator
 
     def append(self, frame: np.ndarray) -> None:
         """Add one uint8 RGB frame `[H, W, 3]`."""
         frame = np.ascontiguousarray(pad_to_even(frame))
         if self.encoder is None:
             height, width = frame.shape[:2]
-            self.encoder = imageio_ffmpeg.write_frames(
+            self.encoder = _write_frames(
                 str(self.path),
                 (width, height),
                 fps=self.fps,
@@ -179,7 +184,7 @@ class Mp4Writer:
                 output_params=["-crf", str(self.crf), "-movflags", "+faststart"],
                 ffmpeg_log_level="error",
             )
-            self.encoder.send(None)
+            self.encoder.send(None)  # start the generator
         self.encoder.send(frame)
 
     def close(self) -> None:

@@ -173,7 +173,8 @@ def _model_order(model: str) -> tuple[int, str]:
 
 def _mean(values: list[float | None]) -> float | None:
     """Mean, or None when any value is missing (a mean over fewer scenes would be mislabelled)."""
-    return None if any(v is None for v in values) else float(statistics.fmean(values))
+    present = [v for v in values if v is not None]
+    return float(statistics.fmean(present)) if len(present) == len(values) else None
 
 
 def group_mean(rows: list[Row]) -> Row:
@@ -373,10 +374,11 @@ def bar_chart(rows: Sequence[Row], metric: str, path: Path) -> None:
         index = series.index(_bar_label(row, mixed))
         x = slots.index(row.scene) + (index - (len(series) - 1) / 2) * width
         draw(x, width, row.scores[metric], f"C{index}", series[index], "//" if row.kind == "mean" else None)
-        if row.baseline[metric] is not None:
+        baseline = row.baseline[metric]
+        if baseline is not None:
             axes.plot(
                 [x - 0.45 * width, x + 0.45 * width],
-                [row.baseline[metric]] * 2,
+                [baseline] * 2,
                 color="black",
                 lw=2.5,
                 label=once("nearest-view baseline"),
@@ -414,7 +416,7 @@ def write_report(run_paths: Sequence[Path], out_dir: Path) -> list[Row]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m pola_gnt.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pola_gnt.report", description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "runs",
         nargs="+",

@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
@@ -185,7 +186,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
         write_atomic(path, buffer.getbuffer())
 
 
-def strict_json_values(document, path: str = "", reasons: dict | None = None):
+def strict_json_values(document: Any, path: str = "", reasons: dict[str, str] | None = None) -> Any:
     """`document` with every non-finite float replaced by None; `reasons[path]` says which value it was."""
     reasons = {} if reasons is None else reasons
     if isinstance(document, dict):

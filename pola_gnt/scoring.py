@@ -137,7 +137,7 @@ def write_results(
         views_dir = out_dir / "test_views"
         views_dir.mkdir(exist_ok=True)
         for result in results:
-            if result.rgb is None:
+            if result.rgb is None or result.gt is None or result.depth is None:  # kept together (`keep_images`)
                 continue
             stem = Path(result.name).stem
             error = (result.rgb - result.gt).abs().mean(dim=-1, keepdim=True).expand(-1, -1, 3)

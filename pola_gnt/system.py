@@ -12,7 +12,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 
+from pola_gnt.checkpoints import container_dict
 from pola_gnt.data.batches import RayBatch, SourceBatch, ViewBatch
 from pola_gnt.data.llff import Scene
 from pola_gnt.metrics import LOGGED_MIN_MSE, mse_to_psnr
@@ -38,9 +40,16 @@ class GNTSystem(pl.LightningModule):
         self.net: GNT = instantiate(self.cfg.model.net)
         self.test_results: list[ViewResult] = []
         self.test_document: dict | None = None
-        self.scene: Scene | None = None  # set by the data module's scene at test time
+        # The test phase renders the held-out views of `scene` and writes into `output_dir` (both set
+        # by the command that tests: `train`, `eval`).
+        self.scene: Scene | None = None
         self.output_dir: Path | None = None
         self.checkpoint_step = 0  # global step of the loaded checkpoint (trainer.test does not restore it)
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> GNTSystem:
+        """A system for the run config `cfg` (resolved and stored in the checkpoints)."""
+        return cls(container_dict(cfg))
 
     # ---- training --------------------------------------------------------------------------
 
@@ -63,7 +72,7 @@ class GNTSystem(pl.LightningModule):
         mse = F.mse_loss(output.rgb.float().clamp(0, 1), batch.rgb)
         self.log("val/psnr", mse_to_psnr(mse, LOGGED_MIN_MSE), prog_bar=True, sync_dist=True, batch_size=len(batch.rgb))
 
-    def configure_optimizers(self):
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         optim = self.cfg.optim
         encoder_params = list(self.net.encoder.parameters())
         encoder_ids = {id(p) for p in encoder_params}
@@ -79,14 +88,19 @@ class GNTSystem(pl.LightningModule):
 
     # ---- testing: render every held-out view, score it, write the results --------------------
 
+    def _test_scene(self) -> Scene:
+        if self.scene is None:
+            raise RuntimeError("GNTSystem.scene: set the scene whose held-out views are tested before trainer.test")
+        return self.scene
+
     def on_test_epoch_start(self) -> None:
-        self.scene = self.trainer.datamodule.scene
-        self.scorer = ViewScorer(self.scene, build_image_metrics(self.cfg.metrics), self.cfg.metrics.protocol)
+        self.scorer = ViewScorer(self._test_scene(), build_image_metrics(self.cfg.metrics), self.cfg.metrics.protocol)
         self.test_results = []
 
     def test_step(self, batch: ViewBatch, batch_idx: int) -> None:
+        scene = self._test_scene()
         stride = protocol_stride(self.cfg.metrics.protocol)
-        height, width = self.scene.resolution
+        height, width = scene.resolution
         rendered = render_image(
             self.net,
             batch.c2w,
@@ -94,7 +108,7 @@ class GNTSystem(pl.LightningModule):
             height,
             width,
             self.encode_sources(batch.sources),
-            self.scene.depth_range,
+            scene.depth_range,
             self.cfg.render.n_samples,
             self.cfg.render.chunk_rays,
             stride=stride,
@@ -109,8 +123,11 @@ class GNTSystem(pl.LightningModule):
             results = [r for part in gathered for r in part]
         if not self.trainer.is_global_zero:
             return
+        scene = self._test_scene()
+        if self.output_dir is None:
+            raise RuntimeError("GNTSystem.output_dir: set the folder for metrics.json before trainer.test")
         stride = protocol_stride(self.cfg.metrics.protocol)
-        height, width = self.scene.resolution
+        height, width = scene.resolution
         header = {
             "scene": self.cfg.scene.name,
             "model": self.cfg.model.name,
@@ -118,13 +135,13 @@ class GNTSystem(pl.LightningModule):
             "protocol": self.cfg.metrics.protocol,
             "lpips_net": self.cfg.metrics.lpips_net,
             "resolution": [len(range(0, height, stride)), len(range(0, width, stride))],
-            "factor": self.scene.factor,
+            "factor": scene.factor,
             "metric_settings": self.scorer.metrics.settings,
             "n_samples": self.cfg.render.n_samples,
             "num_source_views": self.cfg.data.num_source_views,
             "global_step": max(int(self.global_step), self.checkpoint_step),
         }
         self.test_document = write_results(
-            self.output_dir, header, results, self.scene.depth_range, self.cfg.output.save_images
+            self.output_dir, header, results, scene.depth_range, self.cfg.output.save_images
         )
         print(format_table(self.test_document), flush=True)

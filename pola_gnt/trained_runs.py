@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from pola_gnt.checkpoints import (
     command_line_keys,
@@ -57,7 +57,7 @@ def load_trained_checkpoint(cfg: DictConfig, run_dir: Path, overrides: Sequence[
     ):
         config.metrics.lpips_net = GNT_PROTOCOL_LPIPS_NET
     validate_config(config)
-    system = GNTSystem(OmegaConf.to_container(config, resolve=True))
+    system = GNTSystem.from_config(config)
     try:
         system.load_state_dict(checkpoint["state_dict"], strict=True)
     except RuntimeError as err:

@@ -23,7 +23,7 @@ The fp64 reference that every form is tested against: `reference`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, overload
 
 import torch
 from jaxtyping import Bool, Float
@@ -129,6 +129,14 @@ def _gather_by_sign(grad: Tensor, positive: Tensor) -> Tensor:
     return torch.where(positive, grad[..., :d], grad[..., d:])
 
 
+@overload
+def _spiky_inplace(exponent: Tensor, for_backward: Literal[True]) -> tuple[Tensor, Tensor]: ...
+
+
+@overload
+def _spiky_inplace(exponent: Tensor, for_backward: Literal[False]) -> tuple[Tensor, None]: ...
+
+
 def _spiky_inplace(exponent: Tensor, for_backward: bool) -> tuple[Tensor, Tensor | None]:
     """`expm1(min(z, B))` written over `z`; with `for_backward`, also where the clamp is active."""
     clamped = exponent > EXPONENT_CLAMP if for_backward else None
@@ -162,22 +170,55 @@ def _temperature_grads(grad_pos: Tensor, grad_neg: Tensor) -> tuple[Tensor, Tens
     return grad_same, grad_opp
 
 
-def _half_width_query_features(x: Tensor, temp_pos: Tensor, temp_neg: Tensor, for_backward: bool = False):
+QuerySaved = tuple[Tensor, Tensor, Tensor, Tensor, Tensor]
+KeySaved = tuple[Tensor, Tensor, Tensor]
+
+
+@overload
+def _half_width_query_features(
+    x: Tensor, temp_pos: Tensor, temp_neg: Tensor, for_backward: Literal[True]
+) -> tuple[Tensor, QuerySaved]: ...
+
+
+@overload
+def _half_width_query_features(
+    x: Tensor, temp_pos: Tensor, temp_neg: Tensor, for_backward: Literal[False] = False
+) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, None, Tensor]]: ...
+
+
+def _half_width_query_features(
+    x: Tensor, temp_pos: Tensor, temp_neg: Tensor, for_backward: bool = False
+) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]]:
     """Both streams' query features `[..., 2, n, 2d]` of `x` `[..., n, d]`, and what backward reuses:
     sign mask `[..., 1, n, d]`, `|x|`, per-element temperatures, clamp mask, half-width features
     (`[..., 2, n, d]` each)."""
     positive = (x > 0).unsqueeze(-3)
     magnitude = x.abs().unsqueeze(-3)
     temps = torch.where(positive, temp_pos, temp_neg)
-    half_features, clamped = _spiky_inplace(temps * magnitude, for_backward)
+    exponents = temps * magnitude
+    half_features, clamped = _spiky_inplace(exponents, True) if for_backward else _spiky_inplace(exponents, False)
     return _scatter_by_sign(half_features, positive), (positive, magnitude, temps, clamped, half_features)
 
 
-def _half_width_key_features(x: Tensor, visible: Tensor | None, for_backward: bool = False):
+@overload
+def _half_width_key_features(
+    x: Tensor, visible: Tensor | None, for_backward: Literal[True]
+) -> tuple[Tensor, KeySaved]: ...
+
+
+@overload
+def _half_width_key_features(
+    x: Tensor, visible: Tensor | None, for_backward: Literal[False] = False
+) -> tuple[Tensor, tuple[Tensor, None, Tensor]]: ...
+
+
+def _half_width_key_features(
+    x: Tensor, visible: Tensor | None, for_backward: bool = False
+) -> tuple[Tensor, tuple[Tensor, Tensor | None, Tensor]]:
     """Key features `[..., n, 2d]` (zero for masked keys) of `x` `[..., n, d]`, and what backward reuses:
     sign mask, clamp mask and (masked) half-width features, `[..., n, d]` each."""
     positive = x > 0
-    half_features, clamped = _spiky_inplace(x.abs(), for_backward)
+    half_features, clamped = _spiky_inplace(x.abs(), True) if for_backward else _spiky_inplace(x.abs(), False)
     if visible is not None:
         half_features = half_features.mul_(visible)
     return _scatter_by_sign(half_features, positive), (positive, clamped, half_features)
@@ -242,7 +283,8 @@ class _PolarityLinearAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, *grad_outputs: Tensor):
+        (grad_out,) = grad_outputs
         q, k, v, temp_same, temp_opp, key_mask, key_stats = ctx.saved_tensors
         d = q.shape[-1]
         with torch.autocast(device_type=q.device.type, enabled=False):
@@ -373,16 +415,17 @@ def polarity_attention(
         if triton is not None and triton[0](q):
             return triton[1](q, k, v, temp_same, temp_opp, key_mask)
 
-    with compute_precision(q, k, v, temp_same, temp_opp) as inputs:
+    with compute_precision(q, k, v, temp_same, temp_opp) as (q_, k_, v_, temp_same_, temp_opp_):
+        inputs = (q_, k_, v_, temp_same_, temp_opp_)
         if resolved == "linear" and k.shape[-2] <= SHORT_SEQUENCE:
-            out = polarity_attention_short(*inputs, key_mask)
+            out = polarity_attention_short(q_, k_, v_, temp_same_, temp_opp_, key_mask)
         elif resolved == "linear":
-            out = polarity_attention_linear(*inputs, key_mask)
+            out = polarity_attention_linear(q_, k_, v_, temp_same_, temp_opp_, key_mask)
         elif torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
             # Keep only the inputs for backward and recompute the feature maps and weights there:
             # stored, they are several times the size of q, k, v (GNT's view attention over
             # [points, heads, views, 2d] would hold ~2.4x the memory of GNT's own attention).
             out = checkpoint(polarity_attention_quadratic, *inputs, key_mask, use_reentrant=False)
         else:
-            out = polarity_attention_quadratic(*inputs, key_mask)
+            out = polarity_attention_quadratic(q_, k_, v_, temp_same_, temp_opp_, key_mask)
     return out.to(q.dtype)

@@ -261,8 +261,8 @@ class PolaRayAttention(PolaAttentionBase):
         self, tokens: Float[Tensor, "rays samples dim"], sample_mask: Bool[Tensor, "rays samples"] | None = None
     ) -> Float[Tensor, "rays samples dim"]:
         q, k, v, gate = self.to_qkvg(tokens).chunk(4, dim=-1)  # [rays, samples, dim] each
-        heads = [split_heads(x, self.heads) for x in (q, k, v)]  # [rays, heads, samples, head_dim]
-        attended = merge_heads(self._attend(*heads, sample_mask))  # [rays, samples, dim]
+        q_heads, k_heads, v_heads = (split_heads(x, self.heads) for x in (q, k, v))  # [rays, heads, samples, head_dim]
+        attended = merge_heads(self._attend(q_heads, k_heads, v_heads, sample_mask))  # [rays, samples, dim]
         if self.lepe is not None:
             if sample_mask is not None:
                 v = v * sample_mask.unsqueeze(-1).to(v.dtype)

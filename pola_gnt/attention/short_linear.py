@@ -69,7 +69,8 @@ class _ShortPolarityAttention(torch.autograd.Function):
         return out.transpose(-3, -2).flatten(-2)  # [..., Nq, d]: same-sign channels first
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, *grad_outputs: Tensor):
+        (grad_out,) = grad_outputs
         q, k, v, temp_same, temp_opp, visible, key_features, key_stats, out = ctx.saved_tensors
         d = q.shape[-1]
         with torch.autocast(device_type=q.device.type, enabled=False):

@@ -32,7 +32,8 @@ there, hence the local `_expm1`.
 from __future__ import annotations
 
 import os
-from typing import no_type_check
+from collections.abc import Callable
+from typing import Any, Protocol, no_type_check, runtime_checkable
 
 import torch
 import triton
@@ -427,6 +428,19 @@ def _key_grad_kernel(
 # Launch configuration
 
 
+@runtime_checkable
+class _Kernel(Protocol):
+    """A `@triton.jit` kernel (compiled, or interpreted with `TRITON_INTERPRET=1`): `kernel[grid]` launches it."""
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., object]: ...
+
+
+def _launch(kernel: _Kernel, grid: tuple[int, ...], *args: Any, **options: Any) -> None:
+    """`kernel[grid](*args, **options)`. Triton's launcher takes launch options (`num_warps`) besides
+    the kernel's own parameters, which the type of its `__getitem__` (the kernel's) does not show."""
+    kernel[grid](*args, **options)
+
+
 class _Config:
     """Block sizes, warps and split counts for one call (head dim `d`, flattened batch `b`)."""
 
@@ -476,7 +490,7 @@ class _PolarityAttentionTriton(torch.autograd.Function):
         den = torch.empty(batch, 2, num_queries, device=q.device, dtype=torch.float32)
         if batch * num_queries > 0:
             grid = (batch, triton.cdiv(num_queries, cfg.block_rows))
-            _output_kernel[grid](
+            _launch(_output_kernel, grid,
                 q, temps, kv, ksum, out, den, num_queries,
                 HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, EPS=EPSILON, BLOCK_M=cfg.block_rows,
                 BLOCK_D=cfg.block_d, BLOCK_H=cfg.block_h, DOT_PRECISION=cfg.dot_precision,
@@ -487,7 +501,8 @@ class _PolarityAttentionTriton(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):
+    def backward(ctx, *grad_outputs: Tensor):
+        (grad_out,) = grad_outputs
         q, k, v, temps, mask, kv, ksum, out, den = ctx.saved_tensors
         cfg: _Config = ctx.cfg
         batch, num_queries, head_dim = q.shape
@@ -505,8 +520,20 @@ class _PolarityAttentionTriton(torch.autograd.Function):
             grad_q = torch.empty_like(q)
             grad_temps_part = torch.zeros(batch, query_blocks, 2, 2 * head_dim, device=q.device, dtype=torch.float32)
             if batch * num_queries > 0:
-                _query_grad_kernel[(batch, query_blocks)](
-                    q, temps, kv, ksum, grad_out, out, den, grad_q, grad_temps_part, num_queries, **launch
+                _launch(
+                    _query_grad_kernel,
+                    (batch, query_blocks),
+                    q,
+                    temps,
+                    kv,
+                    ksum,
+                    grad_out,
+                    out,
+                    den,
+                    grad_q,
+                    grad_temps_part,
+                    num_queries,
+                    **launch,
                 )
             grad_temps = grad_temps_part.sum(dim=1)
 
@@ -515,7 +542,7 @@ class _PolarityAttentionTriton(torch.autograd.Function):
             grad_kv_part = torch.zeros(batch, splits, 2, head_dim, head_dim, device=q.device, dtype=torch.float32)
             grad_ksum_part = torch.zeros(batch, splits, 2, 2, head_dim, device=q.device, dtype=torch.float32)
             if batch * num_queries > 0:
-                _query_state_grad_kernel[(batch, splits, 2)](
+                _launch(_query_state_grad_kernel, (batch, splits, 2),
                     q, temps, grad_out, out, den, grad_kv_part, grad_ksum_part,
                     num_queries, blocks_per_split, splits, **launch,
                 )  # fmt: skip
@@ -524,7 +551,7 @@ class _PolarityAttentionTriton(torch.autograd.Function):
             grad_k = torch.empty_like(k)
             grad_v = torch.empty_like(v)
             if batch * num_keys > 0:
-                _key_grad_kernel[(batch, triton.cdiv(num_keys, cfg.block_rows))](
+                _launch(_key_grad_kernel, (batch, triton.cdiv(num_keys, cfg.block_rows)),
                     k, v, _mask_or_dummy(mask, k), grad_kv, grad_ksum, grad_k, grad_v, num_keys,
                     HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, HAS_MASK=mask is not None,
                     BLOCK_N=cfg.block_rows, BLOCK_D=cfg.block_d, DOT_PRECISION=cfg.dot_precision,
@@ -546,7 +573,7 @@ def _key_state(k: Tensor, v: Tensor, mask: Tensor | None, cfg: _Config) -> tuple
     kv_part = torch.zeros(batch, splits, 2, head_dim, head_dim, device=k.device, dtype=torch.float32)
     ksum_part = torch.zeros(batch, splits, 2, head_dim, device=k.device, dtype=torch.float32)
     if batch * num_keys > 0:
-        _key_state_kernel[(batch, splits, 2)](
+        _launch(_key_state_kernel, (batch, splits, 2),
             k, v, _mask_or_dummy(mask, k), kv_part, ksum_part, num_keys, blocks_per_split, splits,
             HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, HAS_MASK=mask is not None, BLOCK_N=cfg.block_rows,
             BLOCK_D=cfg.block_d, DOT_PRECISION=cfg.dot_precision, num_warps=cfg.num_warps,

@@ -116,7 +116,8 @@ class _PolarityViewAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, *grad_outputs: Tensor):
+        (grad_out,) = grad_outputs
         q, k, v, temp_same, temp_opp, visible, weights, out = ctx.saved_tensors
         points, views, heads, d = k.shape
         with torch.autocast(device_type=q.device.type, enabled=False):

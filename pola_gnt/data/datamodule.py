@@ -202,19 +202,32 @@ class SceneDataModule(pl.LightningDataModule):
         if self.scene is None:
             self.scene = load_scene(self.cfg.scene, self.cfg.data)
 
+    def _scene(self) -> Scene:
+        if self.scene is None:
+            raise RuntimeError("SceneDataModule: no scene before setup()")
+        return self.scene
+
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
+        if trainer is None:
+            raise RuntimeError("SceneDataModule.train_dataloader: the training loader follows a trainer's steps")
         dataset = TrainSteps(
-            self.scene, self.cfg.data, self.cfg.render.n_samples, trainer.max_steps, self.cfg.seed, trainer.global_rank
+            self._scene(),
+            self.cfg.data,
+            self.cfg.render.n_samples,
+            trainer.max_steps,
+            self.cfg.seed,
+            trainer.global_rank,
         )
         return StepLoader(dataset, trainer)
 
     def val_dataloader(self) -> DataLoader:
-        dataset = ValidationRays(self.scene, self.cfg.data, self.cfg.render.n_samples, self.cfg.seed)
+        dataset = ValidationRays(self._scene(), self.cfg.data, self.cfg.render.n_samples, self.cfg.seed)
         return DataLoader(dataset, batch_size=None)
 
     def test_dataloader(self) -> DataLoader:
         # Each rank renders its share of the test views; results are gathered on rank 0.
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
-        views = self.scene.test_ids[rank::world]
-        return DataLoader(TestViews(self.scene, views, self.cfg.data.num_source_views), batch_size=None)
+        scene = self._scene()
+        views = scene.test_ids[rank::world]
+        return DataLoader(TestViews(scene, views, self.cfg.data.num_source_views), batch_size=None)

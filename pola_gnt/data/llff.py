@@ -238,6 +238,8 @@ def downsample_folder(source: Path, target: Path, factor: int) -> None:
 
 
 def to_uint8(image: Float[Tensor, "*shape"]) -> UInt8[np.ndarray, "*shape"]:
-    """An image in [0, 1] (clipped) -> uint8, rounded to the nearest level, ties to even (`torch.round`,
-    as the 8-bit quantisation of the metrics, so a saved prediction scores as it was scored)."""
-    return (image.clamp(0, 1) * 255.0).round().to(torch.uint8).numpy()
+    """An image in [0, 1] (clipped) -> uint8 levels `floor(255 x + 1/2)`: the nearest level, a tie
+    (`255 x = k + 1/2` exactly) rounded up. The demo scene's images are written with it, so their
+    bytes do not change; its smooth textures hit such ties in many pixels, rendered predictions
+    practically never."""
+    return torch.floor(image.clamp(0, 1) * 255.0 + 0.5).to(torch.uint8).numpy()

@@ -110,7 +110,8 @@ def interpolate_path(
     segment = u.floor().long().clamp(max=segments - 1)
     fraction = (u - segment).numpy()
     rotations = Rotation.from_matrix(keyframes[:, :3, :3].numpy())
-    start, end = rotations[segment.numpy()], rotations[((segment + 1) % keys).numpy()]
+    start = Rotation.concatenate([rotations[index] for index in segment.tolist()])
+    end = Rotation.concatenate([rotations[index] for index in ((segment + 1) % keys).tolist()])
     turn = (start.inv() * end).as_rotvec()  # shortest rotation from one keyframe to the next
     slerped = start * Rotation.from_rotvec(fraction[:, None] * turn)
 
