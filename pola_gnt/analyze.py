@@ -20,9 +20,10 @@ command line (`scene=NAME`, `data.root=DIR`, `render.n_samples=N`, ...) replace 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -159,6 +160,27 @@ def record_attention(
             record.dead_rows[method] += int((rows & ~alive).sum())
         record.rows += int(rows.sum())
         record.max_entropy.append(torch.log(n_visible[..., None].expand_as(rows)[rows].float()).cpu())
+
+
+@dataclass
+class RecordedAttention:
+    layers: dict[str, LayerRecord]  # module name -> row entropies of every method, used tokens
+    gates: dict[str, Tensor]  # module name -> [tokens, dim]
+
+
+@contextlib.contextmanager
+def recording_attention(model: nn.Module) -> Iterator[RecordedAttention]:
+    """Record what every pola module of `model` computes during the forwards in the block: its gates,
+    and the row entropies of every method on the heads-split q, k its attention gets (after the
+    projections and the relative-direction embedding), through `diagnostics.recording`. The weights
+    are recomputed explicitly from the same q, k, so nothing in the model's own computation changes."""
+    layers = {name: LayerRecord() for name, _ in pola_modules(model)}
+
+    def on_inputs(name: str, module: PolaAttentionBase, q: Tensor, k: Tensor, key_mask: Tensor | None) -> None:
+        record_attention(layers[name], module, q, k, key_mask)
+
+    with recording(model, on_inputs) as recorded:
+        yield RecordedAttention(layers=layers, gates=recorded.gates)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -472,23 +494,18 @@ def render_recorded(net: GNT, scene: Scene, cfg: DictConfig, view: int, n_rays: 
     batch = source_batch(scene, eval_source_ids(scene, view, cfg.data.num_source_views))
     with torch.no_grad():
         sources = net.source_views(batch.images.to(device), batch.c2w.to(device), batch.intrinsics.to(device))
-    records = {name: LayerRecord() for name, _ in pola_modules(net)}
-
-    def record(name: str, module: PolaAttentionBase, q: Tensor, k: Tensor, key_mask: Tensor | None) -> None:
-        record_attention(records[name], module, q, k, key_mask)
-
-    with recording(net, on_inputs=record) as recorded:
+    with recording_attention(net) as recorded:
         rgb, _ = render_rays(
             net, rays.to(device), sources, scene.depth_range, cfg.render.n_samples, cfg.render.chunk_rays
         )
-    if not any(bool(record.used().any()) for record in records.values()):
+    if not any(bool(record.used().any()) for record in recorded.layers.values()):
         raise UserError(
             f"analyze.n_rays: no sample of the {len(rays)} rays of view {scene.image_names[view]} "
             f"is seen by a source view; nothing to analyse"
         )
     target = scene.images[view].reshape(-1, 3)[chosen].to(device)
     psnr = float(mse_to_psnr(((rgb - target) ** 2).mean(), LOGGED_MIN_MSE))
-    return RecordedView(view=view, n_rays=len(rays), psnr=psnr, gates=recorded.gates, records=records)
+    return RecordedView(view=view, n_rays=len(rays), psnr=psnr, gates=recorded.gates, records=recorded.layers)
 
 
 def analyze(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> dict:

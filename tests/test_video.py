@@ -1,4 +1,4 @@
-"""Fly-through paths (`render/camera_paths.py`) and `pola_gnt.render_video`: mp4 frames, size and fps,
+"""Fly-through paths (`geometry/camera_paths.py`) and `pola_gnt.render_video`: mp4 frames, size and fps,
 agreement with a direct render, no broken file after an interruption, bad values as one error line."""
 
 from __future__ import annotations

@@ -19,15 +19,15 @@ from torch import Tensor
 
 @dataclass
 class Cameras:
-    """Pinhole cameras of one image size."""
+    """Pinhole cameras of one image size: `[views, ...]`, or one camera (`cameras[i]`) without the axis."""
 
-    c2w: Float[Tensor, "views 4 4"]  # OpenCV camera-to-world
-    intrinsics: Float[Tensor, "views 3 3"]
+    c2w: Float[Tensor, "*views 4 4"]  # OpenCV camera-to-world
+    intrinsics: Float[Tensor, "*views 3 3"]
     height: int
     width: int
 
     @property
-    def centers(self) -> Float[Tensor, "views 3"]:
+    def centers(self) -> Float[Tensor, "*views 3"]:
         return self.c2w[:, :3, 3]
 
     def __len__(self) -> int:
