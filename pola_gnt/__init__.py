@@ -19,6 +19,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if os.environ.get("POLA_GNT_CHECK_SHAPES") == "1":
     from jaxtyping import install_import_hook
 
-    install_import_hook("pola_gnt", "beartype.beartype")
+    # An int passes for a float, as in static typing (PEP 484's numeric tower).
+    install_import_hook("pola_gnt", "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))")
 
 __version__ = "0.1.0"

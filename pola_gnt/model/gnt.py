@@ -27,7 +27,9 @@ Changes from the original GNT code (its bugs, see docs):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -210,7 +212,7 @@ class GNT(nn.Module):
         ffn_mult: int = 4,
         n_freqs: int = 10,
         ray_lepe: bool = True,
-        encoder: dict | None = None,
+        encoder: Mapping[str, Any] | None = None,  # ImageEncoder's options (a DictConfig from Hydra)
         encoder_input_scale: float = 1.0,
     ):
         super().__init__()
