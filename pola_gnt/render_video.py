@@ -11,7 +11,7 @@ settings come from the checkpoint exactly as for `pola_gnt.eval`; the `video` se
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,7 +194,7 @@ class Mp4Writer:
 
 
 def write_videos(
-    frames: Iterable[RenderedImage], out_dir: Path, fps: float, crf: int, depth_range: tuple[float, float]
+    frames: Iterator[RenderedImage], out_dir: Path, fps: float, crf: int, depth_range: tuple[float, float]
 ) -> tuple[Path, Path]:
     """Encode rendered frames into `video_rgb.mp4` and `video_depth.mp4` (depth colour-mapped with
     `depth_range` = (near, far)); both appear only once every frame is written (`staged_file`: an
@@ -246,7 +246,8 @@ def render_video(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> tu
     progress = tqdm(frames, total=len(poses), desc="rendering", unit="frame", dynamic_ncols=True)
     # Depth colours span the scene's near/far bounds (normalised), near bright.
     depth_range = float(scene.bounds.min()), float(scene.bounds.max())
-    paths = write_videos(progress, run_dir, settings.fps, settings.crf, depth_range)
+    # An iterator, read once (a checker never peeks into it, as it may into a sized iterable: the progress bar).
+    paths = write_videos(iter(progress), run_dir, settings.fps, settings.crf, depth_range)
     print(f"wrote {paths[0]} and {paths[1].name}", flush=True)
     return paths
 

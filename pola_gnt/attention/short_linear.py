@@ -35,7 +35,7 @@ def _key_part_features(k: Tensor, visible: Tensor | None) -> tuple[Tensor, Tenso
     return torch.cat([keys + signed, keys - signed], dim=-1), sign
 
 
-def _stream_stats(key_stats: Tensor) -> Tensor:
+def _value_half_stats(key_stats: Tensor) -> Tensor:
     """`[..., 2d, d + 1]` = `[k+ part, k- part]^T [v, 1]` -> per stream `[..., 2, 2d, d/2 + 1]`.
 
     Each stream keeps its value half, then the sum.
@@ -46,8 +46,8 @@ def _stream_stats(key_stats: Tensor) -> Tensor:
     return torch.stack([same, opp], dim=-3)
 
 
-def _stream_stats_backward(grad: Tensor) -> Tensor:
-    """Adjoint of `_stream_stats`."""
+def _value_half_stats_backward(grad: Tensor) -> Tensor:
+    """Adjoint of `_value_half_stats`."""
     half = grad.shape[-1] - 1
     same, opp = grad.unbind(dim=-3)
     return torch.cat([same[..., :half], opp[..., :half], same[..., half:] + opp[..., half:]], dim=-1)
@@ -63,7 +63,7 @@ class _ShortPolarityAttention(torch.autograd.Function):
         key_features, _ = _key_part_features(k, visible)
         key_stats = key_features.transpose(-1, -2) @ _with_ones(v)  # [..., 2d, d + 1]
         queries = StackedQueryFeatures(q, temp_same, temp_opp)
-        result = queries.features @ _stream_stats(key_stats)  # [..., 2, Nq, d/2 + 1]
+        result = queries.features @ _value_half_stats(key_stats)  # [..., 2, Nq, d/2 + 1]
         out = result[..., :-1] / (result[..., -1:] + EPSILON)
         ctx.save_for_backward(q, k, v, temp_same, temp_opp, visible, key_features, key_stats, out)
         return out.transpose(-3, -2).flatten(-2)  # [..., Nq, d]: same-sign channels first
@@ -76,11 +76,11 @@ class _ShortPolarityAttention(torch.autograd.Function):
         with torch.autocast(device_type=q.device.type, enabled=False):
             grad_out = grad_out.to(q.dtype).unflatten(-1, (2, d // 2)).transpose(-3, -2)  # [..., 2, Nq, d/2]
             queries = StackedQueryFeatures(q, temp_same, temp_opp)
-            stats = _stream_stats(key_stats)
+            stats = _value_half_stats(key_stats)
             denominators = (queries.features @ stats[..., -1:]) + EPSILON  # [..., 2, Nq, 1]
             # out = num / den: d num = g / den, d den = -(g . out) / den.
             grad_result = torch.cat([grad_out, -(grad_out * out).sum(dim=-1, keepdim=True)], dim=-1) / denominators
-            grad_key_stats = _stream_stats_backward(
+            grad_key_stats = _value_half_stats_backward(
                 queries.features.transpose(-1, -2) @ grad_result
             )  # [..., 2d, d + 1]
             grad_features = grad_result @ stats.transpose(-1, -2)  # [..., 2, Nq, 2d]

@@ -381,6 +381,6 @@ class ImageMetrics:
 # Image files (the CLI's inputs, `python -m pola_gnt.metrics`: `__main__.py`)
 
 
-def read_image(path: str | Path) -> Tensor:
+def read_float_image(path: str | Path) -> Float[Tensor, "height width 3"]:
     """An 8-bit image file -> float32 `[H, W, 3]` in [0, 1] (alpha dropped, grayscale expanded)."""
     return torch.from_numpy(read_rgb8(Path(path)).astype(np.float32) / 255.0)

@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 
 from pola_gnt.errors import UserError, exit_on_user_error
-from pola_gnt.metrics import LPIPS_NETS, MIN_IMAGE_SIDE, ImageMetrics, read_image
+from pola_gnt.metrics import LPIPS_NETS, MIN_IMAGE_SIDE, ImageMetrics, read_float_image
 from pola_gnt.paths import LPIPS_WEIGHTS_ENV
 
 
@@ -38,7 +38,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
-    pred, gt = read_image(args.pred), read_image(args.gt)  # [H, W, 3]
+    pred, gt = read_float_image(args.pred), read_float_image(args.gt)  # [H, W, 3]
     if pred.shape != gt.shape:
         raise UserError(
             f"{args.pred}: size {pred.shape[1]}x{pred.shape[0]} differs from {args.gt} ({gt.shape[1]}x{gt.shape[0]})"
