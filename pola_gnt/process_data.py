@@ -66,16 +66,21 @@ def process_data(
     camera_model: str = "SIMPLE_RADIAL",
     matching: str = "auto",
     max_image_size: int = 3200,
+    max_features: int = 8192,
     min_registered: float = 0.5,
     overwrite: bool = False,
     threads: int = -1,
     seed: int = 0,
+    deterministic: bool = True,
     progress: bool = True,
 ) -> dict:
     """Capture -> LLFF scene folder `out`; -> the summary written to `process_data.json`."""
     started = time.time()
     source, out = Path(source).expanduser(), Path(out).expanduser()
-    _check_options(camera, camera_model, matching, frames, max_image_size, min_registered)
+    _check_options(camera, camera_model, matching, frames, max_image_size, max_features, min_registered)
+    for key, value in (("overwrite", overwrite), ("deterministic", deterministic), ("progress", progress)):
+        if not isinstance(value, bool):
+            raise UserError(f"{key}: must be true or false, got {value!r}")
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
         raise UserError(f"out: {out} already exists; choose a new folder or add overwrite=true")
     if not source.exists():
@@ -110,8 +115,10 @@ def process_data(
             camera_model=camera_model,
             matching=matching,
             max_image_size=max_image_size,
+            max_features=max_features,
             threads=threads,
             seed=seed,
+            deterministic=deterministic,
         )
         stage = time.time()
         result = run_sfm(work / "input", work, len(names), options, say, bar)
@@ -156,6 +163,8 @@ def process_data(
             "camera_model": camera_model,
             "camera_params": [float(p) for p in camera_info.params],
             "matching": matching,
+            "max_features": max_features,
+            "deterministic": deterministic,
             "mapping_attempts": [asdict(attempt) for attempt in result.attempts],
             "resolution": [height, width],
             "focal_px": focal,
@@ -230,7 +239,7 @@ def _too_few_message(registered: int, given: int, needed: int, options: SfmOptio
     )
 
 
-def _check_options(camera, camera_model, matching, frames, max_image_size, min_registered) -> None:
+def _check_options(camera, camera_model, matching, frames, max_image_size, max_features, min_registered) -> None:
     for key, value, allowed in (
         ("camera", camera, CAMERA_MODES),
         ("camera_model", camera_model, CAMERA_MODELS),
@@ -238,7 +247,7 @@ def _check_options(camera, camera_model, matching, frames, max_image_size, min_r
     ):
         if value not in allowed:
             raise UserError(f"{key}: unknown value {value!r}; expected one of {', '.join(allowed)}")
-    for key, value in (("frames", frames), ("max_image_size", max_image_size)):
+    for key, value in (("frames", frames), ("max_image_size", max_image_size), ("max_features", max_features)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise UserError(f"{key}: must be a positive integer, got {value!r}")
     if not isinstance(min_registered, (int, float)) or not 0 <= min_registered <= 1:
@@ -260,11 +269,13 @@ def main(cfg: DictConfig) -> None:
         camera_model=cfg.camera_model,
         matching=cfg.matching,
         max_image_size=cfg.max_image_size,
+        max_features=cfg.max_features,
         min_registered=cfg.min_registered,
         overwrite=cfg.overwrite,
         threads=cfg.threads,
         seed=cfg.seed,
-        progress=cfg.progress and sys.stderr is not None,
+        deterministic=cfg.deterministic,
+        progress=cfg.progress if sys.stderr is not None else False,
     )
 
 

@@ -11,7 +11,9 @@ real LLFF scenes (`poses_bounds.npy` + `images_{factor}/image000.png ...`):
 World frame is OpenCV-like: x right, y down, z forward. Shading is Lambertian with a fixed
 directional light plus ambient, so a surface point has the same colour in every view (what the
 geometry tests rely on). Textures are smooth (sinusoids through a soft `tanh`) and every pixel is
-supersampled 2x2, so the images are anti-aliased and learnable quickly.
+supersampled 2x2, so the images are anti-aliased and learnable quickly. The same smooth, repeating
+textures give SIFT few, poorly located features: for COLMAP round trips `render_demo_view(detail=)`
+adds the fine, irregular surface texture of a real capture (the demo scene itself never uses it).
 
 Twenty cameras sit on a 5 x 4 grid facing +z (serpentine order like a hand-held LLFF capture) with
 small deterministic wobbles of position, aim and roll. Nothing is random: two generations give
@@ -113,6 +115,32 @@ def card_texture(a: Tensor, b: Tensor) -> Tensor:
     radius = torch.sqrt(a * a + b * b)
     rings = 0.5 + 0.5 * torch.tanh(2.5 * torch.cos(2 * math.pi * radius / 0.22))
     return _mix((0.45, 0.15, 0.6), (0.3, 0.85, 0.9), rings)
+
+
+DETAIL_WAVES = 48  # plane waves summed into the detail pattern
+DETAIL_WAVELENGTHS = (0.08, 0.3)  # scene units, log-uniform: 4-14 px on the back wall at images_8
+DETAIL_SEED = 20  # the pattern is fixed: the same for every view and every run
+
+
+@functools.lru_cache(maxsize=1)
+def _detail_waves() -> tuple[Tensor, Tensor]:
+    rng = np.random.default_rng(DETAIL_SEED)
+    directions = rng.normal(size=(DETAIL_WAVES, 3))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    wavelengths = np.exp(rng.uniform(*np.log(DETAIL_WAVELENGTHS), size=DETAIL_WAVES))
+    phases = rng.uniform(0.0, 2 * math.pi, size=DETAIL_WAVES)
+    return torch.from_numpy(2 * math.pi * directions / wavelengths[:, None]), torch.from_numpy(phases)
+
+
+def detail_pattern(points: Tensor) -> Tensor:
+    """A fine, non-repeating solid texture of world points `[rays, 3]` -> `[rays]` in (-1, 1).
+
+    A sum of plane waves of random directions and wavelengths (a fixed draw), through a `tanh`:
+    blob- and corner-like structure at every place, unlike the demo's smooth repeating patterns.
+    Defined in 3D, so a surface point has the same value in every view."""
+    frequencies, phases = _detail_waves()
+    waves = torch.sin(points @ frequencies.to(points).T + phases.to(points))  # [rays, waves]
+    return torch.tanh(2.0 * waves.sum(-1) / math.sqrt(DETAIL_WAVES / 2))
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,8 +284,9 @@ def _nearest_hit(surfaces: list, origins: Tensor, directions: Tensor) -> tuple[T
     return depth, index
 
 
-def _shade(surfaces: list, origins: Tensor, directions: Tensor) -> tuple[Tensor, Tensor]:
-    """Lambertian colour `[rays, 3]` and depth `[rays]` of the nearest hit of each ray."""
+def _shade(surfaces: list, origins: Tensor, directions: Tensor, detail: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Lambertian colour `[rays, 3]` and depth `[rays]` of the nearest hit of each ray (albedo
+    modulated by `detail_pattern` with amplitude `detail` when non-zero)."""
     depth, index = _nearest_hit(surfaces, origins, directions)
     colour = torch.tensor(MISS_COLOUR, dtype=origins.dtype).repeat(len(origins), 1)
     hit_points = origins + depth.nan_to_num(posinf=0.0)[:, None] * directions  # [rays, 3]
@@ -267,7 +296,10 @@ def _shade(surfaces: list, origins: Tensor, directions: Tensor) -> tuple[Tensor,
             continue
         points = hit_points.index_select(0, rays)
         lambert = (surface.normals(points) @ LIGHT_DIRECTION).clamp(min=0.0)
-        colour.index_copy_(0, rays, surface.albedo(points) * (AMBIENT + DIFFUSE * lambert)[:, None])
+        albedo = surface.albedo(points)
+        if detail:
+            albedo = albedo * (1.0 + detail * detail_pattern(points))[:, None]
+        colour.index_copy_(0, rays, albedo * (AMBIENT + DIFFUSE * lambert)[:, None])
     return colour.clamp(0.0, 1.0), depth
 
 
@@ -295,12 +327,18 @@ def _trace_depth(c2w: Tensor, intrinsics: Tensor, pixels: Tensor) -> Tensor:
     return torch.cat(chunks)
 
 
-def render_demo_view(c2w: np.ndarray, K: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+def render_demo_view(
+    c2w: np.ndarray, K: np.ndarray, height: int, width: int, detail: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
     """Trace any OpenCV camera (`c2w` `[4, 4]`, `K` `[3, 3]`) through the demo scene.
 
     Returns the colour `[H, W, 3]` float32 in [0, 1] (mean of a 2x2 supersampling of each pixel)
     and the exact camera z-depth `[H, W]` float32 at the integer pixel coordinates (inf where a ray
     misses everything, which never happens for the demo cameras).
+
+    `detail` > 0 multiplies every albedo by `1 + detail * detail_pattern(point)`: the same geometry
+    with the fine, non-repeating surface texture of a real capture (photos for COLMAP). The demo
+    scene itself (`scene=demo`, training and tests) is rendered with `detail=0`.
     """
     c2w_t = torch.as_tensor(np.asarray(c2w), dtype=torch.float64)
     intrinsics = torch.as_tensor(np.asarray(K), dtype=torch.float64)
@@ -313,7 +351,7 @@ def render_demo_view(c2w: np.ndarray, K: np.ndarray, height: int, width: int) ->
             shifted = pixels + torch.tensor(offset, dtype=torch.float64)
             for start in range(0, len(pixels), CHUNK_RAYS):
                 rays = pixel_rays(c2w_t, intrinsics, shifted[start : start + CHUNK_RAYS])
-                colour[start : start + CHUNK_RAYS] += _shade(surfaces, rays.origins, rays.directions)[0]
+                colour[start : start + CHUNK_RAYS] += _shade(surfaces, rays.origins, rays.directions, detail)[0]
     colour /= len(offsets)
     depth = _trace_depth(c2w_t, intrinsics, pixels)
     return (
