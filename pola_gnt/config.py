@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import overload
 
 import hydra
 from hydra.experimental.callback import Callback as HydraCallback
@@ -35,9 +36,23 @@ if not OmegaConf.has_resolver("folder_name"):
     OmegaConf.register_new_resolver("folder_name", _folder_name)
 
 
-def entry_point(task: Callable[[DictConfig], object] | None = None, *, config_name: str = CONFIG_NAME):
+Task = Callable[[DictConfig], object]
+
+
+@overload
+def entry_point(task: Task, *, config_name: str = CONFIG_NAME) -> Callable[[], None]: ...
+
+
+@overload
+def entry_point(task: None = None, *, config_name: str = CONFIG_NAME) -> Callable[[Task], Callable[[], None]]: ...
+
+
+def entry_point(
+    task: Task | None = None, *, config_name: str = CONFIG_NAME
+) -> Callable[[], None] | Callable[[Task], Callable[[], None]]:
     """`@entry_point` on `def main(cfg)`: a Hydra app over the project config (or over
-    `conf/<config_name>.yaml` with `@entry_point(config_name=...)`)."""
+    `conf/<config_name>.yaml` with `@entry_point(config_name=...)`); the decorated `main()` takes
+    its config from the command line."""
     if task is None:
         return lambda function: entry_point(function, config_name=config_name)
     configure_cpu_allocator()

@@ -235,7 +235,8 @@ def _model_order(model: str) -> tuple[int, str]:
 
 def _mean(values: list[float | None]) -> float | None:
     """Mean, or None when any value is missing (a mean over fewer scenes would be mislabelled)."""
-    return None if any(v is None for v in values) else float(statistics.fmean(values))
+    present = [v for v in values if v is not None]
+    return float(statistics.fmean(present)) if len(present) == len(values) else None
 
 
 def _std(values: list[float | None]) -> float | None:
@@ -791,10 +792,11 @@ def bar_chart(rows: Sequence[Row], metric: str, path: Path) -> None:
         draw(x, width, row.scores[metric], f"C{index}", series[index], "//" if row.kind == "mean" else None)
         if row.kind == "seeds" and row.spread[metric] is not None:
             axes.errorbar(x, row.scores[metric], yerr=row.spread[metric], color="black", capsize=3, lw=1)
-        if row.baseline[metric] is not None:
+        baseline = row.baseline[metric]
+        if baseline is not None:
             axes.plot(
                 [x - 0.45 * width, x + 0.45 * width],
-                [row.baseline[metric]] * 2,
+                [baseline] * 2,
                 color="black",
                 lw=2.5,
                 label=once("nearest-view baseline"),
@@ -857,7 +859,7 @@ def write_full_report(run_paths: Sequence[Path], out_dir: Path) -> Report:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m pola_gnt.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pola_gnt.report", description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "runs",
         nargs="+",

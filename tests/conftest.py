@@ -9,10 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
-from pola_gnt.paths import PROJECT_ROOT
+# Type and shape checks (jaxtyping + beartype) of every pola_gnt function in this process and in the
+# commands the tests start: set before pola_gnt is first imported (its import installs the hook).
+os.environ["POLA_GNT_CHECK_SHAPES"] = "1"
+
+import torch  # noqa: E402
+
+import pola_gnt  # noqa: E402, F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
+from pola_gnt.paths import PROJECT_ROOT  # noqa: E402
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 

@@ -19,7 +19,8 @@ from pola_gnt.data.demo_scene import (
     render_demo_view,
 )
 from pola_gnt.errors import UserError
-from pola_gnt.render.rays import pixel_grid, pixel_rays, project_points
+from pola_gnt.geometry.projection import project_points
+from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 
 SMALL = 32  # 126 x 94 images: fast
 

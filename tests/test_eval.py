@@ -15,7 +15,8 @@ from hydra import compose, initialize_config_dir
 from pola_gnt.checkpoints import checkpoint_config, run_config_with_overrides
 from pola_gnt.config import CONFIG_DIR
 from pola_gnt.errors import UserError
-from pola_gnt.eval import evaluate, load_trained_checkpoint
+from pola_gnt.eval import evaluate
+from pola_gnt.trained_runs import load_trained_checkpoint
 
 METRICS = ("psnr", "ssim", "lpips")
 

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from pola_gnt.errors import UserError
+from pola_gnt.geometry.projection import project_points
+from pola_gnt.geometry.rays import Rays, pixel_rays
 from pola_gnt.model import GNT, ImageEncoder, SourceViews
 from pola_gnt.model.gnt import gather_source_samples, masked_max, sinusoidal_encoding
-from pola_gnt.render.rays import Rays, pixel_rays, project_points
 
 HEIGHT, WIDTH, FOCAL = 24, 32, 30.0
 MODEL_KINDS = {"gnt": ("subtraction", "softmax"), "pola_gnt": ("pola", "pola")}

@@ -16,12 +16,14 @@ from pathlib import Path
 import imageio.v3 as iio
 import numpy as np
 import pytest
+import torch
 from PIL import Image, ImageFilter
 
 from pola_gnt.data.align import camera_errors, umeyama
 from pola_gnt.data.capture import prepare_capture, sharpness
-from pola_gnt.data.llff import llff_to_opencv, load_llff_scene, read_poses_bounds
+from pola_gnt.data.llff import load_llff_scene, read_poses_bounds, to_uint8
 from pola_gnt.errors import UserError
+from pola_gnt.geometry.cameras import llff_to_opencv
 from pola_gnt.paths import PROJECT_ROOT
 from pola_gnt.process_data import process_data, resample_pinhole
 
@@ -171,7 +173,7 @@ def _render_demo_rig(folder: Path, c2w: np.ndarray, factor: int, detail: float =
     height, width = demo_resolution(factor)
     for i, pose in enumerate(c2w):
         rgb, _ = render_demo_view(pose, demo_intrinsics(factor), height, width, detail=detail)
-        iio.imwrite(folder / f"image{i:03d}.png", np.floor(np.clip(rgb, 0, 1) * 255 + 0.5).astype(np.uint8))
+        iio.imwrite(folder / f"image{i:03d}.png", to_uint8(torch.from_numpy(rgb)))
 
 
 def _llff_reference_bounds(scene: Path, c2w: np.ndarray, factor: int) -> np.ndarray:

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -62,11 +63,11 @@ class Attempt:
 
 @dataclass
 class SfmResult:
-    reconstruction: object  # pycolmap.Reconstruction, the largest model
+    reconstruction: Any  # pycolmap.Reconstruction, the largest model, or None (pycolmap is imported on use only)
     attempts: list[Attempt] = field(default_factory=list)
 
 
-def mapper_attempts(pycolmap, options: SfmOptions) -> list[tuple[str, object, bool]]:
+def mapper_attempts(pycolmap, options: SfmOptions) -> list[tuple[str, Any, bool]]:
     """(name, IncrementalPipelineOptions, refine the focal length afterwards) in the order tried."""
 
     def base():
@@ -158,7 +159,7 @@ def _model_size(model) -> tuple[int, int]:
     return model.num_reg_images(), model.num_points3D()
 
 
-def registered_images(reconstruction) -> dict[str, object]:
+def registered_images(reconstruction) -> dict[str, Any]:
     """Image name -> pycolmap.Image of every registered image."""
     return {image.name: image for image in reconstruction.images.values() if image.has_pose}
 

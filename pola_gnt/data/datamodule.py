@@ -7,6 +7,9 @@ uninterrupted run would, and each DDP rank draws different rays.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
 import numpy as np
 import pytorch_lightning as pl
 import torch
@@ -14,23 +17,23 @@ from omegaconf import DictConfig
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from pola_gnt.data.batches import RayBatch, SourceBatch, ViewBatch
 from pola_gnt.data.llff import Scene
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.data.source_views import nearest_views, random_training_views
 from pola_gnt.errors import UserError
-from pola_gnt.render.rays import pixel_coordinates, pixel_rays, sample_depths
+from pola_gnt.geometry.rays import pixel_coordinates, pixel_rays
+from pola_gnt.geometry.samples import sample_depths
 
-Batch = dict[str, Tensor]
 
-
-def source_batch(scene: Scene, source_ids: list[int]) -> Batch:
+def source_batch(scene: Scene, source_ids: list[int]) -> SourceBatch:
     """Source images `[views, 3, H, W]` with their cameras."""
-    return {
-        "source_ids": torch.tensor(source_ids),
-        "source_images": scene.images[source_ids].permute(0, 3, 1, 2).contiguous(),
-        "source_c2w": scene.cameras.c2w[source_ids],
-        "source_intrinsics": scene.cameras.intrinsics[source_ids],
-    }
+    return SourceBatch(
+        ids=torch.tensor(source_ids),
+        images=scene.images[source_ids].permute(0, 3, 1, 2).contiguous(),
+        c2w=scene.cameras.c2w[source_ids],
+        intrinsics=scene.cameras.intrinsics[source_ids],
+    )
 
 
 def eval_source_ids(scene: Scene, view: int, count: int) -> list[int]:
@@ -38,7 +41,7 @@ def eval_source_ids(scene: Scene, view: int, count: int) -> list[int]:
     return nearest_views(scene.cameras.centers[view], scene.cameras.centers, scene.train_ids, count, exclude=view)
 
 
-class TrainSteps(Dataset):
+class TrainSteps(Dataset[RayBatch]):
     """Item `step`: the training batch of that global step (on this rank)."""
 
     def __init__(self, scene: Scene, data_cfg: DictConfig, n_samples: int, n_steps: int, seed: int, rank: int):
@@ -52,7 +55,7 @@ class TrainSteps(Dataset):
     def __len__(self) -> int:
         return self.n_steps
 
-    def __getitem__(self, step: int) -> Batch:
+    def __getitem__(self, step: int) -> RayBatch:
         rng = np.random.default_rng([self.seed, self.rank, step])
         scene, cfg = self.scene, self.cfg
         target = int(rng.choice(scene.train_ids))
@@ -63,11 +66,11 @@ class TrainSteps(Dataset):
             )
         else:
             source_ids = nearest_views(centers[target], centers, scene.train_ids, cfg.num_source_views, exclude=target)
-        batch = source_batch(scene, source_ids)
+        sources = source_batch(scene, source_ids)
         intrinsics = scene.cameras.intrinsics[target].clone()
         image = scene.images[target]  # [H, W, 3]
         if cfg.crop:
-            batch, intrinsics, image = self._crop(batch, intrinsics, image, rng)
+            sources, intrinsics, image = self._crop(sources, intrinsics, image, rng)
         height, width = image.shape[:2]
         chosen = torch.from_numpy(
             rng.choice(height * width, size=min(cfg.rays_per_step, height * width), replace=False)
@@ -76,17 +79,13 @@ class TrainSteps(Dataset):
         generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
         near, far = scene.depth_range
         depths = sample_depths(near, far, len(rays), self.n_samples, jitter=True, generator=generator)
-        return {
-            **batch,
-            "step": torch.tensor(step),
-            "target_id": torch.tensor(target),
-            "origins": rays.origins,
-            "directions": rays.directions,
-            "depths": depths,
-            "rgb": image.reshape(-1, 3)[chosen],
-        }
+        return RayBatch(
+            view=target, rays=rays, depths=depths, rgb=image.reshape(-1, 3)[chosen], sources=sources, step=step
+        )
 
-    def _crop(self, batch: Batch, intrinsics: Tensor, image: Tensor, rng: np.random.Generator):
+    def _crop(
+        self, sources: SourceBatch, intrinsics: Tensor, image: Tensor, rng: np.random.Generator
+    ) -> tuple[SourceBatch, Tensor, Tensor]:
         """GNT's random crop: one window shared by the target and its sources (intrinsics shifted)."""
         crop_h, crop_w = (int(x) for x in self.cfg.crop)
         height, width = image.shape[:2]
@@ -95,10 +94,14 @@ class TrainSteps(Dataset):
         top, left = int(rng.integers(height - crop_h + 1)), int(rng.integers(width - crop_w + 1))
         shift = torch.tensor([left, top], dtype=torch.float32)
         intrinsics[:2, 2] -= shift
-        batch["source_intrinsics"] = batch["source_intrinsics"].clone()
-        batch["source_intrinsics"][:, :2, 2] -= shift
-        batch["source_images"] = batch["source_images"][:, :, top : top + crop_h, left : left + crop_w].contiguous()
-        return batch, intrinsics, image[top : top + crop_h, left : left + crop_w]
+        source_intrinsics = sources.intrinsics.clone()
+        source_intrinsics[:, :2, 2] -= shift
+        images = sources.images[:, :, top : top + crop_h, left : left + crop_w].contiguous()
+        return (
+            replace(sources, images=images, intrinsics=source_intrinsics),
+            intrinsics,
+            image[top : top + crop_h, left : left + crop_w],
+        )
 
 
 class ResumableSampler(Sampler[int]):
@@ -110,11 +113,11 @@ class ResumableSampler(Sampler[int]):
     global step whether the checkpoint was written mid-epoch (an interrupted run) or at its end.
     """
 
-    def __init__(self, start, end: int):
+    def __init__(self, start: int | Callable[[], int], end: int):
         self.start = start if callable(start) else (lambda: start)
         self.end = end
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(range(self.start(), self.end))
 
     def __len__(self) -> int:
@@ -138,36 +141,36 @@ class StepLoader(DataLoader):
         self.restored_step = int(state.get("next_step", self.trainer.global_step))
 
 
-class ValidationRays(Dataset):
+class ValidationRays(Dataset[RayBatch]):
     """A fixed random subset of the rays of the first test view (cheap, deterministic validation)."""
 
     def __init__(self, scene: Scene, data_cfg: DictConfig, n_samples: int, seed: int):
         self.batch = self._build(scene, data_cfg, n_samples, seed)
 
     @staticmethod
-    def _build(scene: Scene, cfg: DictConfig, n_samples: int, seed: int) -> Batch:
+    def _build(scene: Scene, cfg: DictConfig, n_samples: int, seed: int) -> RayBatch:
         view = scene.test_ids[0] if scene.test_ids else scene.train_ids[0]
         height, width = scene.resolution
         generator = torch.Generator().manual_seed(seed)
         chosen = torch.randperm(height * width, generator=generator)[: cfg.val_rays]
         rays = pixel_rays(scene.cameras.c2w[view], scene.cameras.intrinsics[view], pixel_coordinates(chosen, width))
         near, far = scene.depth_range
-        return {
-            **source_batch(scene, eval_source_ids(scene, view, cfg.num_source_views)),
-            "origins": rays.origins,
-            "directions": rays.directions,
-            "depths": sample_depths(near, far, len(rays), n_samples, jitter=False),
-            "rgb": scene.images[view].reshape(-1, 3)[chosen],
-        }
+        return RayBatch(
+            view=view,
+            rays=rays,
+            depths=sample_depths(near, far, len(rays), n_samples, jitter=False),
+            rgb=scene.images[view].reshape(-1, 3)[chosen],
+            sources=source_batch(scene, eval_source_ids(scene, view, cfg.num_source_views)),
+        )
 
     def __len__(self) -> int:
         return 1
 
-    def __getitem__(self, index: int) -> Batch:
+    def __getitem__(self, index: int) -> RayBatch:
         return self.batch
 
 
-class TestViews(Dataset):
+class TestViews(Dataset[ViewBatch]):
     """Each held-out view: its index and deterministic source views (the full image is rendered in chunks)."""
 
     def __init__(self, scene: Scene, view_ids: list[int], num_source_views: int):
@@ -178,15 +181,15 @@ class TestViews(Dataset):
     def __len__(self) -> int:
         return len(self.view_ids)
 
-    def __getitem__(self, index: int) -> Batch:
+    def __getitem__(self, index: int) -> ViewBatch:
         view = self.view_ids[index]
-        return {
-            **source_batch(self.scene, eval_source_ids(self.scene, view, self.num_source_views)),
-            "view_id": torch.tensor(view),
-            "c2w": self.scene.cameras.c2w[view],
-            "intrinsics": self.scene.cameras.intrinsics[view],
-            "rgb": self.scene.images[view],
-        }
+        return ViewBatch(
+            view=view,
+            c2w=self.scene.cameras.c2w[view],
+            intrinsics=self.scene.cameras.intrinsics[view],
+            rgb=self.scene.images[view],
+            sources=source_batch(self.scene, eval_source_ids(self.scene, view, self.num_source_views)),
+        )
 
 
 class SceneDataModule(pl.LightningDataModule):
@@ -199,19 +202,32 @@ class SceneDataModule(pl.LightningDataModule):
         if self.scene is None:
             self.scene = load_scene(self.cfg.scene, self.cfg.data)
 
+    def _scene(self) -> Scene:
+        if self.scene is None:
+            raise RuntimeError("SceneDataModule: no scene before setup()")
+        return self.scene
+
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
+        if trainer is None:
+            raise RuntimeError("SceneDataModule.train_dataloader: the training loader follows a trainer's steps")
         dataset = TrainSteps(
-            self.scene, self.cfg.data, self.cfg.render.n_samples, trainer.max_steps, self.cfg.seed, trainer.global_rank
+            self._scene(),
+            self.cfg.data,
+            self.cfg.render.n_samples,
+            trainer.max_steps,
+            self.cfg.seed,
+            trainer.global_rank,
         )
         return StepLoader(dataset, trainer)
 
     def val_dataloader(self) -> DataLoader:
-        dataset = ValidationRays(self.scene, self.cfg.data, self.cfg.render.n_samples, self.cfg.seed)
+        dataset = ValidationRays(self._scene(), self.cfg.data, self.cfg.render.n_samples, self.cfg.seed)
         return DataLoader(dataset, batch_size=None)
 
     def test_dataloader(self) -> DataLoader:
         # Each rank renders its share of the test views; results are gathered on rank 0.
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
-        views = self.scene.test_ids[rank::world]
-        return DataLoader(TestViews(self.scene, views, self.cfg.data.num_source_views), batch_size=None)
+        scene = self._scene()
+        views = scene.test_ids[rank::world]
+        return DataLoader(TestViews(scene, views, self.cfg.data.num_source_views), batch_size=None)

@@ -26,9 +26,6 @@ import contextlib
 import functools
 import io
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +35,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pola_gnt.data.llff import image_folder_name, to_uint8
 from pola_gnt.errors import UserError
-from pola_gnt.render.rays import pixel_grid, pixel_rays
-from pola_gnt.runfiles import write_atomic
+from pola_gnt.geometry.cameras import look_at, opencv_to_llff
+from pola_gnt.geometry.rays import pixel_grid, pixel_rays
+from pola_gnt.runfiles import staged_folder, write_atomic
 
 # Full-resolution camera like fern's (hwf in poses_bounds.npy); only downsampled folders are written.
 FULL_HEIGHT = 3024
@@ -156,6 +155,10 @@ def _dot(x: Tensor, y: Tensor) -> Tensor:
 
 
 def _vector(values: tuple[float, float, float]) -> Tensor:
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def _vectors(values: list) -> Tensor:
     return torch.tensor(values, dtype=torch.float64)
 
 
@@ -362,24 +365,6 @@ def render_demo_view(
 # --------------------------------------------------------------------------------------------
 
 
-def _look_at(position: np.ndarray, target: np.ndarray, roll: float) -> np.ndarray:
-    """OpenCV camera-to-world `[4, 4]` at `position` looking at `target`, world down = +y."""
-    forward = target - position
-    forward /= np.linalg.norm(forward)
-    right = np.cross(np.array([0.0, 1.0, 0.0]), forward)
-    right /= np.linalg.norm(right)
-    down = np.cross(forward, right)
-    # Roll the camera about its viewing axis (hand-held captures are never perfectly level).
-    right, down = (
-        math.cos(roll) * right + math.sin(roll) * down,
-        -math.sin(roll) * right + math.cos(roll) * down,
-    )
-    c2w = np.eye(4)
-    c2w[:3, :3] = np.stack([right, down, forward], axis=1)
-    c2w[:3, 3] = position
-    return c2w
-
-
 def demo_resolution(factor: int) -> tuple[int, int]:
     """(H, W) of the `images_{factor}` folder (the full resolution divided, rounded down)."""
     if not isinstance(factor, (int, np.integer)) or isinstance(factor, bool) or factor < 1:
@@ -399,22 +384,23 @@ def demo_intrinsics(factor: int) -> np.ndarray:
 
 def demo_poses() -> np.ndarray:
     """OpenCV camera-to-world `[views, 4, 4]`: a 5 x 4 grid, serpentine like an LLFF capture."""
-    poses = []
+    positions, targets, rolls = [], [], []
     for row in range(GRID_ROWS):
         columns = range(GRID_COLUMNS) if row % 2 == 0 else reversed(range(GRID_COLUMNS))
         for column in columns:
-            i = len(poses)
+            i = len(positions)
             # Deterministic "hand-held" wobble of position, aim and roll (no random generator).
-            position = np.array(
+            positions.append(
                 [
                     -0.6 + 0.3 * column + 0.04 * math.sin(1.7 * i + 0.3),
                     -0.3 + 0.2 * row + 0.03 * math.sin(2.3 * i + 1.1),
                     0.08 * math.sin(1.3 * i + 0.7),
                 ]
             )
-            target = np.array([0.25 * math.sin(0.9 * i), 0.3 + 0.15 * math.cos(1.1 * i), 6.0])
-            poses.append(_look_at(position, target, roll=math.radians(2.0) * math.sin(1.9 * i)))
-    return np.stack(poses)
+            targets.append([0.25 * math.sin(0.9 * i), 0.3 + 0.15 * math.cos(1.1 * i), 6.0])
+            rolls.append(math.radians(2.0) * math.sin(1.9 * i))
+    world_down = _vector((0.0, 1.0, 0.0))
+    return look_at(_vectors(positions), _vectors(targets), world_down, roll=_vectors(rolls)).numpy()
 
 
 def demo_cameras(factor: int) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -464,28 +450,12 @@ def _cached_bounds() -> np.ndarray:  # the same for every factor: traced once pe
     return np.array(bounds)
 
 
-def opencv_to_llff(c2w: np.ndarray) -> np.ndarray:
-    """`[views, 4, 4]` OpenCV c2w -> `[views, 3, 4]` LLFF `[down, right, back | t]` = `[c1, c0, -c2 | t]`."""
-    rotation = c2w[:, :3, :3]
-    llff_rotation = np.stack([rotation[:, :, 1], rotation[:, :, 0], -rotation[:, :, 2]], axis=-1)
-    return np.concatenate([llff_rotation, c2w[:, :3, 3:4]], axis=-1)
-
-
 def demo_poses_bounds() -> np.ndarray:
     """The `poses_bounds.npy` array `[views, 17]`: `[R | t | hwf]` row-major, then near, far."""
     poses = opencv_to_llff(demo_poses())  # [views, 3, 4]
     hwf = np.tile(np.array([FULL_HEIGHT, FULL_WIDTH, FULL_FOCAL], dtype=np.float64)[None, :, None], (N_VIEWS, 1, 1))
     matrices = np.concatenate([poses, hwf], axis=-1)  # [views, 3, 5]
     return np.concatenate([matrices.reshape(N_VIEWS, 15), demo_bounds()], axis=-1)
-
-
-def image_folder_name(factor: int) -> str:
-    """LLFF's folder names: `images/` at full resolution, `images_{factor}/` otherwise."""
-    return "images" if factor == 1 else f"images_{factor}"
-
-
-def _to_uint8(rgb: np.ndarray) -> np.ndarray:
-    return np.floor(np.clip(rgb, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
 def _write_poses_bounds(scene_dir: Path) -> None:
@@ -495,21 +465,11 @@ def _write_poses_bounds(scene_dir: Path) -> None:
 
 
 def _write_images(scene_dir: Path, factor: int) -> None:
-    target = scene_dir / image_folder_name(factor)
-    temp_dir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=scene_dir))
-    temp_dir.chmod(0o755)  # mkdtemp makes it private
-    try:
+    with staged_folder(scene_dir / image_folder_name(factor)) as staging:
         c2w, intrinsics, height, width = demo_cameras(factor)
         for i, pose in enumerate(c2w):
             rgb, _ = render_demo_view(pose, intrinsics, height, width)
-            iio.imwrite(temp_dir / f"image{i:03d}.png", _to_uint8(rgb))
-        try:
-            os.rename(temp_dir, target)
-        except OSError:
-            if not target.is_dir():  # a concurrent generation (another rank) may have won the race
-                raise
-    finally:
-        shutil.rmtree(temp_dir, ignore_errors=True)
+            iio.imwrite(staging / f"image{i:03d}.png", to_uint8(torch.from_numpy(rgb)))
 
 
 def ensure_demo_scene(scene_dir: Path, factor: int = 8) -> Path:

@@ -1,7 +1,9 @@
-"""Scoring rendered test views and writing `metrics.json`, `metrics.csv` and the view PNGs.
+"""Scoring rendered test views (and the nearest-view baseline) and writing `metrics.json`,
+`metrics.csv` and the view PNGs.
 
-Training (after fitting) and `pola_gnt.eval` both go through `ViewScorer` and `write_results`, so
-the same checkpoint under the same protocol gives identical files.
+Training (after fitting) and `pola_gnt.eval` both go through `ViewScorer` and `write_results` (in the
+test phase of `system.GNTSystem`), so the same checkpoint under the same protocol gives identical
+files.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from pathlib import Path
 import imageio.v3 as iio
 import matplotlib
 import numpy as np
-import torch
+from jaxtyping import Float, UInt8
 from torch import Tensor
 
-from pola_gnt.data.llff import Scene
+from pola_gnt.data.llff import Scene, to_uint8
 from pola_gnt.data.source_views import nearest_views
 from pola_gnt.depth_metrics import DEPTH_METRICS, best_constant_errors, depth_errors
 from pola_gnt.metrics import ImageMetrics
@@ -60,12 +62,12 @@ class ViewResult:
     name: str
     scores: dict[str, float | None]
     baseline: dict[str, float | None]
-    rgb: Tensor | None = field(default=None, repr=False)  # [H, W, 3] prediction in [0, 1]
-    gt: Tensor | None = field(default=None, repr=False)  # [H, W, 3]
-    depth: Tensor | None = field(default=None, repr=False)  # [H, W]
+    rgb: Float[Tensor, "height width 3"] | None = field(default=None, repr=False)  # prediction in [0, 1]
+    gt: Float[Tensor, "height width 3"] | None = field(default=None, repr=False)
+    depth: Float[Tensor, "height width"] | None = field(default=None, repr=False)
     # With an exact depth (demo scene): depth_abs_rel, depth_rmse and the best constant's, per view.
     depth_scores: dict[str, float] | None = None
-    exact_depth: Tensor | None = field(default=None, repr=False)  # [H, W], the rendered depth's units
+    exact_depth: Float[Tensor, "height width"] | None = field(default=None, repr=False)  # the rendered depth's units
 
     def row(self) -> dict:
         return {"index": self.index, "name": self.name, **self.scores, **(self.depth_scores or {})}
@@ -169,11 +171,9 @@ def _png_bytes(image: np.ndarray) -> bytes:
     return iio.imwrite("<bytes>", image, extension=".png")
 
 
-def to_uint8(image: Tensor) -> np.ndarray:
-    return (image.clamp(0, 1) * 255.0).round().to(torch.uint8).numpy()
-
-
-def colorize_depth(depth: Tensor, near: float, far: float) -> np.ndarray:
+def colorize_depth(
+    depth: Float[Tensor, "height width"], near: float, far: float
+) -> UInt8[np.ndarray, "height width 3"]:
     """Depth `[H, W]` -> uint8 RGB with a perceptual colour map (turbo), near bright, inverse-depth scaled."""
     disparity = (1.0 / depth.clamp(min=1e-6) - 1.0 / far) / (1.0 / near - 1.0 / far)
     colours = matplotlib.colormaps["turbo"](disparity.clamp(0, 1).numpy())[..., :3]
@@ -190,7 +190,7 @@ def write_results(
         views_dir = out_dir / "test_views"
         views_dir.mkdir(exist_ok=True)
         for result in results:
-            if result.rgb is None:
+            if result.rgb is None or result.gt is None or result.depth is None:  # kept together (`keep_images`)
                 continue
             stem = Path(result.name).stem
             error = (result.rgb - result.gt).abs().mean(dim=-1, keepdim=True).expand(-1, -1, 3)

@@ -1,4 +1,6 @@
-"""LightningModule: GNT's optimisation (Adam, two learning rates, step decay, MSE) and evaluation."""
+"""The LightningModule: GNT's optimisation (Adam, two learning rates, step decay, MSE) and the test
+phase (render every held-out view, score it, write the results). Training, `eval` and the trained-run
+loader build it; it sits above the model and the scoring it joins."""
 
 from __future__ import annotations
 
@@ -12,12 +14,17 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import Timer
+from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 
 from pola_gnt.budget import budget_document, timer_seconds_in_checkpoint, training_document
-from pola_gnt.data.datamodule import Batch
+from pola_gnt.checkpoints import container_dict
+from pola_gnt.data.batches import RayBatch, SourceBatch, ViewBatch
 from pola_gnt.data.llff import Scene
 from pola_gnt.data.scenes import exact_depth_source
-from pola_gnt.evaluation import (
+from pola_gnt.metrics import LOGGED_MIN_MSE, mse_to_psnr
+from pola_gnt.model.gnt import GNT, RayOutput, SourceViews
+from pola_gnt.model.renderer import render_image
+from pola_gnt.scoring import (
     ViewResult,
     ViewScorer,
     build_image_metrics,
@@ -25,13 +32,6 @@ from pola_gnt.evaluation import (
     protocol_stride,
     write_results,
 )
-from pola_gnt.model.gnt import GNT, SourceViews
-from pola_gnt.render.rays import Rays
-from pola_gnt.render.renderer import render_image
-
-
-def mse_to_psnr(mse: torch.Tensor) -> torch.Tensor:
-    return -10.0 * torch.log10(mse.clamp(min=1e-10))
 
 
 class GNTSystem(pl.LightningModule):
@@ -44,36 +44,42 @@ class GNTSystem(pl.LightningModule):
         self.net: GNT = instantiate(self.cfg.model.net)
         self.test_results: list[ViewResult] = []
         self.test_document: dict | None = None
-        self.scene: Scene | None = None  # set by the data module's scene at test time
+        # The test phase renders the held-out views of `scene` and writes into `output_dir` (both set
+        # by the command that tests: `train`, `eval`).
+        self.scene: Scene | None = None
         self.output_dir: Path | None = None
         self.checkpoint_step = 0  # global step of the loaded checkpoint (trainer.test does not restore it)
         self.checkpoint_train_time_s: float | None = None  # training wall time stored in that checkpoint
         self.checkpoint_config: dict | None = None  # the run config stored in that checkpoint
         self.test_started = 0.0
 
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> GNTSystem:
+        """A system for the run config `cfg` (resolved and stored in the checkpoints)."""
+        return cls(container_dict(cfg))
+
     # ---- training --------------------------------------------------------------------------
 
-    def _sources(self, batch: Batch) -> SourceViews:
-        return self.net.source_views(batch["source_images"], batch["source_c2w"], batch["source_intrinsics"])
+    def encode_sources(self, sources: SourceBatch) -> SourceViews:
+        return self.net.source_views(sources.images, sources.c2w, sources.intrinsics)
 
-    def _render_batch(self, batch: Batch):
-        rays = Rays(batch["origins"], batch["directions"])
-        return self.net(rays, batch["depths"], self._sources(batch))
+    def render_batch(self, batch: RayBatch) -> RayOutput:
+        return self.net(batch.rays, batch.depths, self.encode_sources(batch.sources))
 
-    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        output = self._render_batch(batch)
-        loss = F.mse_loss(output.rgb.float(), batch["rgb"])
-        n_rays = len(batch["rgb"])
+    def training_step(self, batch: RayBatch, batch_idx: int) -> torch.Tensor:
+        output = self.render_batch(batch)
+        loss = F.mse_loss(output.rgb.float(), batch.rgb)
+        n_rays = len(batch.rgb)
         self.log("train/loss", loss, batch_size=n_rays)
-        self.log("train/psnr", mse_to_psnr(loss.detach()), prog_bar=True, batch_size=n_rays)
+        self.log("train/psnr", mse_to_psnr(loss.detach(), LOGGED_MIN_MSE), prog_bar=True, batch_size=n_rays)
         return loss
 
-    def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        output = self._render_batch(batch)
-        mse = F.mse_loss(output.rgb.float().clamp(0, 1), batch["rgb"])
-        self.log("val/psnr", mse_to_psnr(mse), prog_bar=True, sync_dist=True, batch_size=len(batch["rgb"]))
+    def validation_step(self, batch: RayBatch, batch_idx: int) -> None:
+        output = self.render_batch(batch)
+        mse = F.mse_loss(output.rgb.float().clamp(0, 1), batch.rgb)
+        self.log("val/psnr", mse_to_psnr(mse, LOGGED_MIN_MSE), prog_bar=True, sync_dist=True, batch_size=len(batch.rgb))
 
-    def configure_optimizers(self):
+    def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         optim = self.cfg.optim
         encoder_params = list(self.net.encoder.parameters())
         encoder_ids = {id(p) for p in encoder_params}
@@ -108,34 +114,39 @@ class GNTSystem(pl.LightningModule):
 
     # ---- testing: render every held-out view, score it, write the results --------------------
 
+    def _test_scene(self) -> Scene:
+        if self.scene is None:
+            raise RuntimeError("GNTSystem.scene: set the scene whose held-out views are tested before trainer.test")
+        return self.scene
+
     def on_test_epoch_start(self) -> None:
-        self.scene = self.trainer.datamodule.scene
+        scene = self._test_scene()
         self.scorer = ViewScorer(
-            self.scene,
+            scene,
             build_image_metrics(self.cfg.metrics),
             self.cfg.metrics.protocol,
-            exact_depth=exact_depth_source(self.cfg.scene, self.scene),
+            exact_depth=exact_depth_source(self.cfg.scene, scene),
         )
         self.test_results = []
         self.test_started = time.perf_counter()
 
-    def test_step(self, batch: Batch, batch_idx: int) -> None:
+    def test_step(self, batch: ViewBatch, batch_idx: int) -> None:
+        scene = self._test_scene()
         stride = protocol_stride(self.cfg.metrics.protocol)
-        height, width = self.scene.resolution
+        height, width = scene.resolution
         rendered = render_image(
             self.net,
-            batch["c2w"],
-            batch["intrinsics"],
+            batch.c2w,
+            batch.intrinsics,
             height,
             width,
-            self._sources(batch),
-            self.scene.depth_range,
+            self.encode_sources(batch.sources),
+            scene.depth_range,
             self.cfg.render.n_samples,
             self.cfg.render.chunk_rays,
             stride=stride,
         )
-        view = int(batch["view_id"])
-        self.test_results.append(self.scorer(view, rendered.rgb, rendered.depth, self.cfg.output.save_images))
+        self.test_results.append(self.scorer(batch.view, rendered.rgb, rendered.depth, self.cfg.output.save_images))
 
     def on_test_epoch_end(self) -> None:
         results = self.test_results
@@ -146,10 +157,13 @@ class GNTSystem(pl.LightningModule):
         if not self.trainer.is_global_zero:
             return
         test_time_s = time.perf_counter() - self.test_started  # rendering and scoring the test views
+        scene = self._test_scene()
+        if self.output_dir is None:
+            raise RuntimeError("GNTSystem.output_dir: set the folder for metrics.json before trainer.test")
         stride = protocol_stride(self.cfg.metrics.protocol)
         global_step = max(int(self.global_step), self.checkpoint_step)
         training_config, budget, training = self.training_summary(global_step)
-        height, width = self.scene.resolution
+        height, width = scene.resolution
         header = {
             "scene": self.cfg.scene.name,
             "model": self.cfg.model.name,
@@ -157,7 +171,7 @@ class GNTSystem(pl.LightningModule):
             "protocol": self.cfg.metrics.protocol,
             "lpips_net": self.cfg.metrics.lpips_net,
             "resolution": [len(range(0, height, stride)), len(range(0, width, stride))],
-            "factor": self.scene.factor,
+            "factor": scene.factor,
             "metric_settings": self.scorer.metrics.settings,
             "n_samples": self.cfg.render.n_samples,
             "num_source_views": self.cfg.data.num_source_views,
@@ -168,6 +182,6 @@ class GNTSystem(pl.LightningModule):
             "test_time_s": test_time_s,
         }
         self.test_document = write_results(
-            self.output_dir, header, results, self.scene.depth_range, self.cfg.output.save_images
+            self.output_dir, header, results, scene.depth_range, self.cfg.output.save_images
         )
         print(format_table(self.test_document), flush=True)
