@@ -89,7 +89,7 @@ class Row:
     mtime: float = 0.0
     seed: int | None = None
     condition: str = UNKNOWN_CONDITION  # budget and settings: rows are compared within one condition only
-    steps: int | None = None
+    steps: float | None = None  # a group's mean of its runs' steps
     train_time_s: float | None = None
     steps_per_s: float | None = None
     test_time_s: float | None = None
@@ -210,7 +210,7 @@ def _study_fields(document: dict) -> dict:
 def keep_newest(rows: list[Row]) -> tuple[list[Row], list[str]]:
     """One row per (scene, model, protocol, LPIPS net): the newest file wins. Returns the rows and a note
     per ignored file. (An LPIPS-VGG evaluation of a run is kept next to its LPIPS-Alex one.)"""
-    newest: dict[tuple[str, str, str, str], Row] = {}
+    newest: dict[tuple[str, ...], Row] = {}
     for row in sorted(rows, key=lambda r: r.mtime):
         newest[row.key] = row  # later files overwrite earlier ones
     notes = [
@@ -241,7 +241,8 @@ def _mean(values: list[float | None]) -> float | None:
 
 def _std(values: list[float | None]) -> float | None:
     """Sample standard deviation (n - 1), None for fewer than two values or a missing one."""
-    return None if len(values) < 2 or any(v is None for v in values) else float(statistics.stdev(values))
+    present = [v for v in values if v is not None]
+    return None if len(values) < 2 or len(present) != len(values) else float(statistics.stdev(present))
 
 
 def _seed_order(row: Row) -> tuple[int, int]:
@@ -360,7 +361,8 @@ class PairedDifference:
 
 
 def _summary(values: list[float | None]) -> Summary | None:
-    return None if not values or any(v is None for v in values) else summarize(values, CONFIDENCE)
+    present = [v for v in values if v is not None]
+    return None if not values or len(present) != len(values) else summarize(present, CONFIDENCE)
 
 
 def study_groups(runs: list[Row]) -> list[GroupStats]:
@@ -421,12 +423,14 @@ def paired_differences(runs: list[Row]) -> tuple[list[PairedDifference], list[st
     return differences, notes
 
 
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
 def _difference(scene: str, condition: tuple, pairs: list[tuple[str, int, Row, Row]]) -> PairedDifference:
     metrics = {}
     for m in METRICS:
-        values = [
-            None if x.scores[m] is None or y.scores[m] is None else x.scores[m] - y.scores[m] for _, _, x, y in pairs
-        ]
+        values = [_minus(x.scores[m], y.scores[m]) for _, _, x, y in pairs]
         metrics[m] = _summary(values)
     return PairedDifference(scene, *condition, pairs=[(s, seed) for s, seed, _, _ in pairs], metrics=metrics)
 
@@ -790,8 +794,9 @@ def bar_chart(rows: Sequence[Row], metric: str, path: Path) -> None:
         index = series.index(_bar_label(row, mixed))
         x = slots.index(row.scene) + (index - (len(series) - 1) / 2) * width
         draw(x, width, row.scores[metric], f"C{index}", series[index], "//" if row.kind == "mean" else None)
-        if row.kind == "seeds" and row.spread[metric] is not None:
-            axes.errorbar(x, row.scores[metric], yerr=row.spread[metric], color="black", capsize=3, lw=1)
+        score, spread = row.scores[metric], row.spread[metric]
+        if row.kind == "seeds" and score is not None and spread is not None:
+            axes.errorbar(x, score, yerr=spread, color="black", capsize=3, lw=1)
         baseline = row.baseline[metric]
         if baseline is not None:
             axes.plot(

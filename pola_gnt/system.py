@@ -97,7 +97,8 @@ class GNTSystem(pl.LightningModule):
 
     def _fit_timer(self) -> Timer | None:
         """The Timer of a fit in this process (None under eval)."""
-        timer = next((c for c in self.trainer.callbacks if isinstance(c, Timer)), None)
+        callbacks: list = getattr(self.trainer, "callbacks", [])  # a Trainer property the stubs do not declare
+        timer = next((c for c in callbacks if isinstance(c, Timer)), None)
         return timer if timer is not None and timer.start_time("train") is not None else None
 
     def training_summary(self, global_step: int) -> tuple[DictConfig, dict, dict]:
