@@ -12,4 +12,17 @@ import os
 # and the benchmark scripts import this package first. A value set by the user is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# The tests (tests/conftest.py) set POLA_GNT_CHECK_SHAPES=1: every function and dataclass of the
+# numeric core (geometry, data, attention, model) imported from then on checks its annotations,
+# tensor shapes included (jaxtyping's `Float[Tensor, "rays samples 3"]`), with beartype, in the test
+# process and in the commands it starts. (The layers above take values from the command line and
+# check them themselves, with one `error:` line.) Unset (any normal run), nothing is checked and
+# nothing is imported for it.
+CHECKED_PACKAGES = ("pola_gnt.geometry", "pola_gnt.data", "pola_gnt.attention", "pola_gnt.model")
+if os.environ.get("POLA_GNT_CHECK_SHAPES") == "1":
+    from jaxtyping import install_import_hook
+
+    # An int passes for a float, as in static typing (PEP 484's numeric tower).
+    install_import_hook(CHECKED_PACKAGES, "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))")
+
 __version__ = "0.1.0"

@@ -35,10 +35,10 @@ from torch import Tensor, nn
 
 from pola_gnt.attention.diagnostics import (
     attention_entropy,
-    capture_gates,
     learned_temperatures,
     pola_modules,
     polarity_attention_weights,
+    recording,
     relu_linear_weights,
     softmax_weights,
     split_gates,
@@ -49,12 +49,13 @@ from pola_gnt.data.datamodule import eval_source_ids, source_batch
 from pola_gnt.data.llff import Scene
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.errors import UserError
-from pola_gnt.eval import load_trained_checkpoint, task_overrides
+from pola_gnt.geometry.rays import pixel_grid, pixel_rays
+from pola_gnt.metrics import LOGGED_MIN_MSE, mse_to_psnr
 from pola_gnt.model.gnt import GNT
-from pola_gnt.model.lightning import mse_to_psnr
-from pola_gnt.render.rays import pixel_grid, pixel_rays
-from pola_gnt.render.renderer import render_rays
+from pola_gnt.model.renderer import render_rays
+from pola_gnt.runfiles import write_atomic
 from pola_gnt.settings import AnalyzeSettings
+from pola_gnt.trained_runs import load_trained_checkpoint, task_overrides
 
 ENTROPY_METHODS = ("pola_same", "pola_opp", "softmax", "relu_linear")
 ENTROPY_LABELS = {
@@ -84,7 +85,8 @@ def require_polarity_attention(path: Path, config: DictConfig) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# Recording the attention inputs
+# Recording the attention inputs (through `diagnostics.recording`: the weights are recomputed
+# explicitly from the q, k each pola module's attention gets, so the model's computation is unchanged)
 
 
 @dataclass
@@ -161,34 +163,25 @@ def record_attention(
         record.max_entropy.append(torch.log(n_visible[..., None].expand_as(rows)[rows].float()).cpu())
 
 
+@dataclass
+class RecordedAttention:
+    layers: dict[str, LayerRecord]  # module name -> row entropies of every method, used tokens
+    gates: dict[str, Tensor]  # module name -> [tokens, dim]
+
+
 @contextlib.contextmanager
-def recording_attention(model: nn.Module) -> Iterator[dict[str, LayerRecord]]:
-    """Record what every pola module of `model` sees during the forwards in the block.
+def recording_attention(model: nn.Module) -> Iterator[RecordedAttention]:
+    """Record what every pola module of `model` computes during the forwards in the block: its gates,
+    and the row entropies of every method on the heads-split q, k its attention gets (after the
+    projections and the relative-direction embedding), through `diagnostics.recording`. The weights
+    are recomputed explicitly from the same q, k, so nothing in the model's own computation changes."""
+    layers = {name: LayerRecord() for name, _ in pola_modules(model)}
 
-    Each module's `_attend(q, k, v, key_mask)` (the heads-split tensors the attention actually gets,
-    after projections and the relative-direction embedding) is wrapped for the duration: the weights
-    are recomputed explicitly from the same q, k, so nothing in the model's own computation changes.
-    """
-    records: dict[str, LayerRecord] = {}
-    modules = list(pola_modules(model))
+    def on_inputs(name: str, module: PolaAttentionBase, q: Tensor, k: Tensor, key_mask: Tensor | None) -> None:
+        record_attention(layers[name], module, q, k, key_mask)
 
-    def wrap(name: str, module: PolaAttentionBase):
-        attend = module._attend
-
-        def recorded_attend(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
-            record_attention(records[name], module, q, k, key_mask)
-            return attend(q, k, v, key_mask)
-
-        return recorded_attend
-
-    try:
-        for name, module in modules:
-            records[name] = LayerRecord()
-            module._attend = wrap(name, module)  # instance attribute shadows the method
-        yield records
-    finally:
-        for _, module in modules:
-            module.__dict__.pop("_attend", None)
+    with recording(model, on_inputs) as recorded:
+        yield RecordedAttention(layers=layers, gates=recorded.gates)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -493,21 +486,19 @@ def render_recorded(net: GNT, scene: Scene, cfg: DictConfig, view: int, n_rays: 
     rays = pixel_rays(scene.cameras.c2w[view], scene.cameras.intrinsics[view], pixel_grid(height, width)[chosen])
     batch = source_batch(scene, eval_source_ids(scene, view, cfg.data.num_source_views))
     with torch.no_grad():
-        sources = net.source_views(
-            batch["source_images"].to(device), batch["source_c2w"].to(device), batch["source_intrinsics"].to(device)
-        )
-    with capture_gates(net) as gates, recording_attention(net) as records:
+        sources = net.source_views(batch.images.to(device), batch.c2w.to(device), batch.intrinsics.to(device))
+    with recording_attention(net) as recorded:
         rgb, _ = render_rays(
             net, rays.to(device), sources, scene.depth_range, cfg.render.n_samples, cfg.render.chunk_rays
         )
-    if not any(bool(record.used().any()) for record in records.values()):
+    if not any(bool(record.used().any()) for record in recorded.layers.values()):
         raise UserError(
             f"analyze.n_rays: no sample of the {len(rays)} rays of view {scene.image_names[view]} "
             f"is seen by a source view; nothing to analyse"
         )
     target = scene.images[view].reshape(-1, 3)[chosen].to(device)
-    psnr = float(mse_to_psnr(((rgb - target) ** 2).mean()))
-    return RecordedView(view=view, n_rays=len(rays), psnr=psnr, gates=gates, records=records)
+    psnr = float(mse_to_psnr(((rgb - target) ** 2).mean(), LOGGED_MIN_MSE))
+    return RecordedView(view=view, n_rays=len(rays), psnr=psnr, gates=recorded.gates, records=recorded.layers)
 
 
 def analyze(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> dict:
@@ -541,7 +532,7 @@ def analyze(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> dict:
         "psnr_on_rays": recorded.psnr,
         "layers": [layer.summary() for layer in layers],
     }
-    (run_dir / "analysis.json").write_text(json.dumps(document, indent=2) + "\n")
+    write_atomic(run_dir / "analysis.json", (json.dumps(document, indent=2) + "\n").encode())
     return document
 
 

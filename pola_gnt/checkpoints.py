@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -14,6 +15,14 @@ from omegaconf import Container, DictConfig, OmegaConf
 from pola_gnt.errors import UserError
 
 CHECKPOINT_DIR = "checkpoints"
+
+
+def container_dict(node: Any, resolve: bool = True) -> dict[str, Any]:
+    """`OmegaConf.to_container` of a mapping node (a config or one of its sections): a plain dict."""
+    container = OmegaConf.to_container(node, resolve=resolve)
+    if not isinstance(container, dict):
+        raise TypeError(f"expected a config mapping, got {type(container).__name__}")
+    return {str(key): value for key, value in container.items()}
 
 
 def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> Path | None:
@@ -81,8 +90,8 @@ def check_compatible(path: Path, cfg: DictConfig, stored: DictConfig | None = No
     stored = checkpoint_config(path) if stored is None else stored
     if stored.model.name != cfg.model.name:
         raise UserError(f"{path}: checkpoint of model {stored.model.name!r}, but model={cfg.model.name} was asked for")
-    stored_net = OmegaConf.to_container(stored.model.net, resolve=True)
-    wanted_net = OmegaConf.to_container(cfg.model.net, resolve=True)
+    stored_net = container_dict(stored.model.net)
+    wanted_net = container_dict(cfg.model.net)
     if stored_net != wanted_net:
         differing = sorted(k for k in set(stored_net) | set(wanted_net) if stored_net.get(k) != wanted_net.get(k))
         details = ", ".join(f"model.net.{k}={stored_net.get(k)!r} (asked {wanted_net.get(k)!r})" for k in differing)
@@ -127,7 +136,7 @@ def option_keys(config_dir: Path, group: str, option: str) -> list[str]:
         raise UserError(f"{group}={option}: cannot find {file} to tell which keys it sets")
     if "@package _global_" not in file.read_text().split("\n", 1)[0]:
         return [group]
-    content = OmegaConf.to_container(OmegaConf.load(file))
+    content = container_dict(OmegaConf.load(file), resolve=False)
     content.pop("defaults", None)
 
     def leaves(node: dict, prefix: str) -> list[str]:
@@ -170,9 +179,11 @@ def run_config_with_overrides(
     Keys the checkpoint lacks (added to the project after it was saved) take `cfg`'s defaults.
     """
     chosen, keys = command_line_keys(overrides, config_dir)
-    current = OmegaConf.to_container(cfg, resolve=True)
+    current = container_dict(cfg)
     current.pop("model", None)  # a network is never completed from another model's defaults
     config = OmegaConf.merge(OmegaConf.create(current), stored)
+    if not isinstance(config, DictConfig):
+        raise TypeError(f"merging two mappings gave a {type(config).__name__}")
     for group, option in chosen.items():
         if group == "model":  # the network is the checkpoint's: only the model's name is compared
             _copy_key(cfg, config, "model.name")

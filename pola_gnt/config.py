@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import overload
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -49,10 +50,24 @@ def default_config_name() -> str:
     return GPU_CONFIG_NAME if torch.cuda.is_available() else CONFIG_NAME
 
 
-def entry_point(task: Callable[[DictConfig], object] | None = None, *, config_name: str | None = None):
+Task = Callable[[DictConfig], object]
+
+
+@overload
+def entry_point(task: Task, *, config_name: str | None = None) -> Callable[[], None]: ...
+
+
+@overload
+def entry_point(task: None = None, *, config_name: str | None = None) -> Callable[[Task], Callable[[], None]]: ...
+
+
+def entry_point(
+    task: Task | None = None, *, config_name: str | None = None
+) -> Callable[[], None] | Callable[[Task], Callable[[], None]]:
     """`@entry_point` on `def main(cfg)`: a Hydra app over the project config, chosen for the machine
     when it runs (`default_config_name`), or over `conf/<config_name>.yaml` with
-    `@entry_point(config_name=...)`. A `UserError` becomes one `error:` line and exit code 2."""
+    `@entry_point(config_name=...)`; the decorated `main()` takes its config from the command line.
+    A `UserError` becomes one `error:` line and exit code 2."""
     if task is None:
         return lambda function: entry_point(function, config_name=config_name)
     configure_cpu_allocator()
@@ -110,10 +125,16 @@ class RunFolderCheck(HydraCallback):
     gives one `error:` line (exit 2) instead of Hydra's traceback."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        self._check(Path(str(config.hydra.run.dir)).expanduser())
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self._check(Path(str(config.hydra.sweep.dir)).expanduser())
+
+    @staticmethod
+    def _check(folder: Path) -> None:
         from pola_gnt.errors import USER_ERROR_EXIT_CODE
         from pola_gnt.runfiles import disk_error
 
-        folder = Path(str(config.hydra.run.dir)).expanduser()
         try:
             folder.mkdir(parents=True, exist_ok=True)
             if not os.access(folder, os.W_OK):

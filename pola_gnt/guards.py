@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
 
 from pola_gnt.runfiles import NonFiniteError
+
+SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None  # what `signal.signal` takes
 
 
 class Interrupted(Exception):
@@ -40,7 +45,7 @@ class StopSignals:
 
     def __init__(self):
         self.received: int | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, SignalHandler] = {}
 
     def _handle(self, signum, frame) -> None:
         if self.received == signum:  # asked twice: stop now

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -46,9 +44,10 @@ from pola_gnt.data.colmap import (
     undistorted_cameras,
     view_bounds,
 )
-from pola_gnt.data.demo_scene import opencv_to_llff
 from pola_gnt.data.llff import downsample_folder, image_folder_name, read_image
-from pola_gnt.errors import UserError
+from pola_gnt.errors import UserError, check_bool
+from pola_gnt.geometry.cameras import opencv_to_llff
+from pola_gnt.runfiles import staged_folder
 from pola_gnt.settings import CaptureOptions, ProcessDataSettings
 
 MIN_IMAGES = 3
@@ -65,10 +64,12 @@ def process_data(
     camera_model: str = "SIMPLE_RADIAL",
     matching: str = "auto",
     max_image_size: int = 3200,
+    max_features: int = 8192,
     min_registered: float = 0.5,
     overwrite: bool = False,
     threads: int = -1,
     seed: int = 0,
+    deterministic: bool = True,
     progress: bool = True,
 ) -> dict:
     """Capture -> LLFF scene folder `out`; -> the summary written to `process_data.json`."""
@@ -80,8 +81,12 @@ def process_data(
         camera_model=camera_model,
         matching=matching,
         max_image_size=max_image_size,
+        max_features=max_features,
         min_registered=min_registered,
+        deterministic=deterministic,
     )
+    for key, value in (("overwrite", overwrite), ("progress", progress)):
+        check_bool(value, key)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
         raise UserError(f"out: {out} already exists; choose a new folder or add overwrite=true")
     if not source.exists():
@@ -96,8 +101,7 @@ def process_data(
         return tqdm(iterable, disable=not progress, leave=False, dynamic_ncols=True, **kwargs)
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with staged_folder(out, replace=True) as staging:  # renamed to `out` (replacing it) only when complete
         work = staging / "work"
         timings = {}
         stage = time.time()
@@ -117,8 +121,10 @@ def process_data(
             camera_model=camera_model,
             matching=matching,
             max_image_size=max_image_size,
+            max_features=max_features,
             threads=threads,
             seed=seed,
+            deterministic=deterministic,
         )
         stage = time.time()
         result = run_sfm(work / "input", work, len(names), options, say, bar)
@@ -126,7 +132,7 @@ def process_data(
         model = result.reconstruction
         registered = registered_images(model) if model is not None else {}
         needed = max(MIN_IMAGES, math.ceil(min_registered * len(names)))
-        if len(registered) < needed:
+        if model is None or len(registered) < needed:
             raise UserError(_too_few_message(len(registered), len(names), needed, options))
         kept = sorted(registered)
         left_out = [name for name in names if name not in registered]
@@ -163,6 +169,8 @@ def process_data(
             "camera_model": camera_model,
             "camera_params": [float(p) for p in camera_info.params],
             "matching": matching,
+            "max_features": max_features,
+            "deterministic": deterministic,
             "mapping_attempts": [asdict(attempt) for attempt in result.attempts],
             "resolution": [height, width],
             "focal_px": focal,
@@ -171,9 +179,6 @@ def process_data(
         }
         (staging / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
         shutil.rmtree(work)
-        _move_into_place(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     say(
         f"done: {len(kept)} of {len(names)} images registered, {summary['points']} points, "
         f"{summary['mean_reprojection_error_px']:.2f} px mean reprojection error -> {out}"
@@ -206,7 +211,10 @@ def _write_undistorted(model_dir: Path, work: Path, images_dir: Path, names: lis
             shutil.copyfile(file, images_dir / name)  # COLMAP's undistortion already centres it
             continue
         image = resample_pinhole(read_image(file), cameras[name], focal, width, height)
-        iio.imwrite(images_dir / name, image, **({"quality": 95} if name.endswith(".jpg") else {}))
+        if name.endswith(".jpg"):
+            iio.imwrite(images_dir / name, image, quality=95)
+        else:
+            iio.imwrite(images_dir / name, image)
     return focal, width, height
 
 
@@ -220,18 +228,6 @@ def resample_pinhole(image: np.ndarray, camera: tuple, focal: float, width: int,
     source = torch.from_numpy(image).permute(2, 0, 1)[None].float()
     result = F.grid_sample(source, grid[None].float(), mode="bicubic", padding_mode="border", align_corners=False)
     return result[0].permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8).numpy()
-
-
-def _move_into_place(staging: Path, out: Path) -> None:
-    """Rename the finished `staging` folder to `out` (replacing an old `out` only after success)."""
-    os.chmod(staging, 0o755)  # mkdtemp makes it private
-    if out.exists() and any(out.iterdir()):
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-        os.replace(out, old / out.name)
-        os.replace(staging, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(staging, out)  # an empty `out` folder is replaced
 
 
 def _too_few_message(registered: int, given: int, needed: int, options: SfmOptions) -> str:
@@ -259,7 +255,7 @@ def main(cfg: DictConfig) -> None:
         overwrite=settings.overwrite,
         threads=settings.threads,
         seed=settings.seed,
-        progress=settings.progress and sys.stderr is not None,
+        progress=settings.progress if sys.stderr is not None else False,
     )
 
 

@@ -12,8 +12,7 @@ settings come from the checkpoint exactly as for `pola_gnt.eval`; the `video` se
 from __future__ import annotations
 
 import contextlib
-import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 
 import imageio_ffmpeg
@@ -26,19 +25,25 @@ from torch import Tensor
 from tqdm import tqdm
 
 from pola_gnt.config import announce, entry_point
-from pola_gnt.data.llff import Scene
+from pola_gnt.data.llff import Scene, to_uint8
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.data.source_views import nearest_views
 from pola_gnt.errors import UserError
-from pola_gnt.eval import load_trained_checkpoint, task_overrides
-from pola_gnt.evaluation import colorize_depth, to_uint8
+from pola_gnt.geometry.camera_paths import interpolate_path, spiral_path
 from pola_gnt.model.gnt import GNT, SourceViews
-from pola_gnt.render.camera_paths import interpolate_path, spiral_path
-from pola_gnt.render.renderer import RenderedImage, render_image
+from pola_gnt.model.renderer import RenderedImage, render_image
+from pola_gnt.runfiles import staged_file
+from pola_gnt.scoring import colorize_depth
 from pola_gnt.settings import VideoSettings
+from pola_gnt.trained_runs import load_trained_checkpoint, task_overrides
 
 RGB_VIDEO = "video_rgb.mp4"
 DEPTH_VIDEO = "video_depth.mp4"
+
+FrameWriter = Generator[None, np.ndarray | None, None]
+# imageio-ffmpeg has no annotations (a checker infers an int `fps` and `quality` from the defaults);
+# its documented contract: `fps` any positive number, `quality=None` to leave the rate to `-crf`.
+_write_frames: Callable[..., FrameWriter] = imageio_ffmpeg.write_frames
 
 
 def scene_camera_path(scene: Scene, settings: VideoSettings) -> Tensor:
@@ -127,22 +132,20 @@ def pad_to_even(frame: np.ndarray) -> np.ndarray:
 
 
 class Mp4Writer:
-    """Frames -> an H.264 / yuv420p mp4, written under a hidden temporary name and renamed by
-    `finish`, so an interrupted render never leaves a broken file under the final name."""
+    """Frames -> an H.264 / yuv420p mp4 file, started by the first frame (its size)."""
 
     def __init__(self, path: Path, fps: float, crf: int):
         self.path = path
-        self.temporary = path.with_name(f".{path.stem}.partial{path.suffix}")
         self.fps, self.crf = fps, crf
-        self.encoder = None  # imageio-ffmpeg's frame generator, started by the first frame (its size)
+        self.encoder: FrameWriter | None = None  # imageio-ffmpeg's frame generator
 
     def append(self, frame: np.ndarray) -> None:
         """Add one uint8 RGB frame `[H, W, 3]`."""
         frame = np.ascontiguousarray(pad_to_even(frame))
         if self.encoder is None:
             height, width = frame.shape[:2]
-            self.encoder = imageio_ffmpeg.write_frames(
-                str(self.temporary),
+            self.encoder = _write_frames(
+                str(self.path),
                 (width, height),
                 fps=self.fps,
                 codec="libx264",
@@ -152,44 +155,42 @@ class Mp4Writer:
                 output_params=["-crf", str(self.crf), "-movflags", "+faststart"],
                 ffmpeg_log_level="error",
             )
-            self.encoder.send(None)
+            self.encoder.send(None)  # start the generator
         self.encoder.send(frame)
 
-    def _close(self) -> None:
+    def close(self) -> None:
         if self.encoder is not None:
             self.encoder.close()
             self.encoder = None
 
-    def finish(self) -> None:
-        self._close()
-        os.replace(self.temporary, self.path)
-
-    def discard(self) -> None:
-        with contextlib.suppress(Exception):
-            self._close()
-        self.temporary.unlink(missing_ok=True)
-
 
 def write_videos(
-    frames: Iterable[RenderedImage], out_dir: Path, fps: float, crf: int, depth_range: tuple[float, float]
+    frames: Iterator[RenderedImage], out_dir: Path, fps: float, crf: int, depth_range: tuple[float, float]
 ) -> tuple[Path, Path]:
     """Encode rendered frames into `video_rgb.mp4` and `video_depth.mp4` (depth colour-mapped with
-    `depth_range` = (near, far)); both appear only once every frame is written."""
+    `depth_range` = (near, far)); both appear only once every frame is written (`staged_file`: an
+    interrupted render never leaves a broken file under the final name)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    rgb_video, depth_video = Mp4Writer(out_dir / RGB_VIDEO, fps, crf), Mp4Writer(out_dir / DEPTH_VIDEO, fps, crf)
-    try:
-        for frame in frames:
-            rgb_video.append(to_uint8(frame.rgb.float().cpu()))
-            depth_video.append(colorize_depth(frame.depth.float().cpu(), *depth_range))
-        if rgb_video.encoder is None:
-            raise ValueError("write_videos: no frames")
-    except BaseException:
-        rgb_video.discard()
-        depth_video.discard()
-        raise
-    rgb_video.finish()
-    depth_video.finish()
-    return rgb_video.path, depth_video.path
+    rgb_path, depth_path = out_dir / RGB_VIDEO, out_dir / DEPTH_VIDEO
+    with (
+        staged_file(rgb_path, suffix=".mp4") as rgb_temporary,
+        staged_file(depth_path, suffix=".mp4") as depth_temporary,
+    ):
+        rgb_video, depth_video = Mp4Writer(rgb_temporary, fps, crf), Mp4Writer(depth_temporary, fps, crf)
+        try:
+            for frame in frames:
+                rgb_video.append(to_uint8(frame.rgb.float().cpu()))
+                depth_video.append(colorize_depth(frame.depth.float().cpu(), *depth_range))
+            if rgb_video.encoder is None:
+                raise ValueError("write_videos: no frames")
+        except BaseException:
+            for video in (rgb_video, depth_video):
+                with contextlib.suppress(Exception):
+                    video.close()
+            raise
+        rgb_video.close()
+        depth_video.close()
+    return rgb_path, depth_path
 
 
 def render_video(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> tuple[Path, Path]:
@@ -224,7 +225,8 @@ def render_video(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> tu
     progress = tqdm(frames, total=len(poses), desc="rendering", unit="frame", dynamic_ncols=True)
     # Depth colours span the scene's near/far bounds (normalised), near bright.
     depth_range = float(scene.bounds.min()), float(scene.bounds.max())
-    paths = write_videos(progress, run_dir, settings.fps, settings.crf, depth_range)
+    # An iterator, read once (a checker never peeks into it, as it may into a sized iterable: the progress bar).
+    paths = write_videos(iter(progress), run_dir, settings.fps, settings.crf, depth_range)
     print(f"wrote {paths[0]} and {paths[1].name}", flush=True)
     return paths
 

@@ -5,20 +5,26 @@ weights, and a lock so that one run folder serves one run at a time.
 Every file the project writes (checkpoints, `metrics.json`, view PNGs) goes through `write_atomic`:
 a temporary file in the target's own folder, flushed to disk, then renamed over the target. An
 interruption (SIGKILL, full disk) leaves the previous file intact and at most a temporary
-`.NAME.*.tmp` file, which the next run in that folder removes (`clean_temporaries`).
+`.NAME.*.tmp` file, which the next run in that folder removes (`clean_temporaries`). Files written
+by another program (videos by ffmpeg) go through `staged_file`, whole folders (image folders, a
+processed scene) through `staged_folder`: the same temporary-then-rename in one place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import io
 import math
 import os
+import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
@@ -77,32 +83,66 @@ def is_disk_error(err: BaseException) -> bool:
     return isinstance(err, OSError) and err.errno in DISK_ERRNOS
 
 
+@contextlib.contextmanager
+def staged_file(path: Path, suffix: str = "") -> Iterator[Path]:
+    """A new empty temporary file next to `path` (`.NAME.XXXXXX.tmp` + `suffix`), to be written in
+    the block; renamed over `path` when the block completes, removed when it fails. `suffix` keeps
+    an extension that the writer goes by (ffmpeg's container format)."""
+    path = Path(path)
+    handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f"{TEMPORARY_SUFFIX}{suffix}", dir=path.parent)
+    os.close(handle)
+    temporary = Path(name)
+    try:
+        yield temporary
+        os.chmod(temporary, 0o644)  # mkstemp makes it private
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)  # removed before any error is reported: the free space is the real one
+
+
+@contextlib.contextmanager
+def staged_folder(target: Path, replace: bool = False) -> Iterator[Path]:
+    """A new folder next to `target` (`.NAME.XXXXXX.tmp`) to be filled in the block; renamed to
+    `target` when the block completes, removed when it fails, so `target` never appears half-written.
+
+    An empty `target` folder is replaced. A non-empty one is replaced only with `replace` (the old
+    folder is moved aside first and removed after the rename); otherwise, when another process has
+    put `target` in place meanwhile (another rank generating the same folder), that one is kept.
+    """
+    target = Path(target)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=TEMPORARY_SUFFIX, dir=target.parent))
+    try:
+        staging.chmod(0o755)  # mkdtemp makes it private
+        yield staging
+        if replace and target.is_dir() and any(target.iterdir()):
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", suffix=TEMPORARY_SUFFIX, dir=target.parent))
+            os.replace(target, old / target.name)
+            os.replace(staging, target)
+            shutil.rmtree(old, ignore_errors=True)
+            return
+        try:
+            os.replace(staging, target)
+        except OSError:
+            if replace or not target.is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def write_atomic(path: Path, data: bytes | bytearray | memoryview) -> None:
     """Write `data` to `path` through a temporary file in the same folder (flushed, then renamed):
     readers see the old file or the new one, never a part. A full or read-only disk raises a
     `UserError` naming the path and the space needed, with the temporary file removed."""
     path = Path(path)
-    temporary = None
     try:
-        handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
-        temporary = Path(name)
-        with os.fdopen(handle, "wb") as file:
+        with staged_file(path) as temporary, open(temporary, "wb") as file:
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
-        os.chmod(temporary, 0o644)  # mkstemp makes it private
-        os.replace(temporary, path)
-        temporary = None
     except OSError as err:
-        if temporary is not None:  # removed first, so the free space reported is the real one
-            temporary.unlink(missing_ok=True)
-            temporary = None
         if is_disk_error(err):
             raise disk_error(path, err, needed=len(data)) from None
         raise
-    finally:
-        if temporary is not None:
-            temporary.unlink(missing_ok=True)
 
 
 def clean_temporaries(*folders: Path) -> list[Path]:
@@ -111,7 +151,7 @@ def clean_temporaries(*folders: Path) -> list[Path]:
     for folder in folders:
         if not folder.is_dir():
             continue
-        for file in folder.glob(f".*{TEMPORARY_SUFFIX}"):
+        for file in folder.glob(f".*{TEMPORARY_SUFFIX}*"):
             if file.is_file():
                 file.unlink(missing_ok=True)
                 removed.append(file)
@@ -146,7 +186,7 @@ class SafeCheckpointIO(TorchCheckpointIO):
         write_atomic(path, buffer.getbuffer())
 
 
-def strict_json_values(document, path: str = "", reasons: dict | None = None):
+def strict_json_values(document: Any, path: str = "", reasons: dict[str, str] | None = None) -> Any:
     """`document` with every non-finite float replaced by None; `reasons[path]` says which value it was."""
     reasons = {} if reasons is None else reasons
     if isinstance(document, dict):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -36,7 +37,7 @@ class ConfigReader:
     def key(self, name: str) -> str:
         return f"{self.prefix}.{name}" if self.prefix else name
 
-    def value(self, name: str, default=_REQUIRED, nullable: bool = False):
+    def value(self, name: str, default: Any = _REQUIRED, nullable: bool = False) -> Any:
         """The raw value (containers as plain lists / dicts). Absent: `default`, or an error when
         none is given; null: None when `nullable`, else an error."""
         node = self.node
@@ -78,11 +79,9 @@ class ConfigReader:
             return value
         raise UserError(f"{self.key(name)}: must be {what}, got {value!r}")
 
-    def int_list(self, name: str, length: int | None = None, minimum: int = 1, what: str = "", **kw):
+    def int_list(self, name: str, length: int | None = None, minimum: int = 1, what: str = "") -> tuple[int, ...]:
         """A list of integers >= `minimum` (of `length` items when given) as a tuple."""
-        value = self.value(name, **kw)
-        if value is None:
-            return None
+        value = self.value(name)
         if (
             isinstance(value, (list, tuple))
             and (length is None or len(value) == length)
@@ -153,7 +152,10 @@ class DataSettings:
 
     @classmethod
     def read(cls, r: ConfigReader) -> DataSettings:
-        crop = r.int_list("crop", length=2, what="null or [height, width] in pixels", nullable=True, default=None)
+        crop = None
+        if r.value("crop", nullable=True, default=None) is not None:
+            height, width = r.int_list("crop", length=2, what="null or [height, width] in pixels")
+            crop = (height, width)
         random_crop = cls._random_crop(r)
         if crop is not None and random_crop is not None:
             raise UserError(f"{r.key('random_crop')}: set together with {r.key('crop')}; choose one (null the other)")
@@ -180,10 +182,10 @@ class DataSettings:
         if not isinstance(value, dict) or set(value) != {"heights", "area"}:
             raise UserError(f"{key}: must be {expected}, got {value!r}")
         inner = ConfigReader(value, key)
-        heights = inner.int_list("heights", length=2, what="[low, high] crop heights in pixels, low < high")
-        if heights[0] >= heights[1]:
-            raise UserError(f"{key}.heights: must be [low, high] crop heights in pixels, low < high, got {heights}")
-        return RandomCrop(heights=heights, area=inner.int("area"))
+        low, high = inner.int_list("heights", length=2, what="[low, high] crop heights in pixels, low < high")
+        if low >= high:
+            raise UserError(f"{key}.heights: must be [low, high] crop heights in pixels, low < high, got {[low, high]}")
+        return RandomCrop(heights=(low, high), area=inner.int("area"))
 
     def max_rays(self) -> int:
         """The most rays a training step can draw: more than `rays_per_step` when the rays scale with
@@ -313,9 +315,12 @@ class TrainerSettings:
     val_check_interval: int | float
     log_every_n_steps: int
     gradient_clip_val: float | None
+    max_time_s: float | None  # an equal-time budget (`trainer.max_time`), in seconds
 
     @classmethod
     def read(cls, r: ConfigReader) -> TrainerSettings:
+        from pola_gnt.budget import max_time_seconds
+
         max_steps = r.int("max_steps")
         interval = r.value("val_check_interval")
         if not (is_int(interval) and interval >= 1) and not (isinstance(interval, float) and 0 < interval <= 1):
@@ -336,6 +341,7 @@ class TrainerSettings:
             val_check_interval=interval,
             log_every_n_steps=r.int("log_every_n_steps"),
             gradient_clip_val=clip,
+            max_time_s=max_time_seconds(r.value("max_time", nullable=True, default=None)),
         )
 
     def check_device(self, key: str = "trainer.accelerator") -> None:
@@ -472,7 +478,7 @@ class VideoSettings:
     @classmethod
     def from_config(cls, video: DictConfig) -> VideoSettings:
         """Check the `video` config section; a bad value is a UserError naming its key."""
-        from pola_gnt.render.camera_paths import PATH_KINDS
+        from pola_gnt.geometry.camera_paths import PATH_KINDS
 
         r = ConfigReader(video, "video")
         return cls(
@@ -504,10 +510,25 @@ class CaptureOptions:
     camera_model: str
     matching: str
     max_image_size: int
+    max_features: int
     min_registered: float
+    deterministic: bool
+
+    KEYS = (
+        "frames",
+        "camera",
+        "camera_model",
+        "matching",
+        "max_image_size",
+        "max_features",
+        "min_registered",
+        "deterministic",
+    )
 
     @classmethod
-    def check(cls, *, frames, camera, camera_model, matching, max_image_size, min_registered) -> CaptureOptions:
+    def check(
+        cls, *, frames, camera, camera_model, matching, max_image_size, max_features, min_registered, deterministic
+    ) -> CaptureOptions:
         """The options from the config or from a direct call of `process_data`."""
         from pola_gnt.data.colmap import CAMERA_MODELS, CAMERA_MODES, MATCHING
 
@@ -517,9 +538,11 @@ class CaptureOptions:
             matching=check_choice(matching, "matching", MATCHING),
             frames=check_int(frames, "frames"),
             max_image_size=check_int(max_image_size, "max_image_size"),
+            max_features=check_int(max_features, "max_features"),
             min_registered=check_number(
                 min_registered, "min_registered", 0, 1, low_open=False, why="a fraction of the images"
             ),
+            deterministic=check_bool(deterministic, "deterministic"),
         )
 
 
@@ -547,12 +570,7 @@ class ProcessDataSettings:
             if not value:
                 raise UserError(f"{key}: required; usage: {USAGE_PROCESS_DATA}")
             paths[key] = str(value)
-        options = CaptureOptions.check(
-            **{
-                key: r.value(key)
-                for key in ("frames", "camera", "camera_model", "matching", "max_image_size", "min_registered")
-            }
-        )
+        options = CaptureOptions.check(**{key: r.value(key) for key in CaptureOptions.KEYS})
         return cls(
             input=paths["input"],
             out=paths["out"],

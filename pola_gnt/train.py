@@ -32,17 +32,20 @@ if __name__ == "__main__":  # installed before the slow imports; `train()` insta
 import csv
 import io
 import shlex
+from datetime import timedelta
 from pathlib import Path
 
 import pytorch_lightning as pl
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from pytorch_lightning.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, Timer
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
+from pytorch_lightning.utilities import rank_zero_only
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
+from pola_gnt.budget import MAX_TIME_KEY, max_time_seconds
 from pola_gnt.checkpoints import (
     CHECKPOINT_DIR,
     check_compatible,
@@ -57,7 +60,6 @@ from pola_gnt.data.datamodule import SceneDataModule
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.errors import DIVERGED_EXIT_CODE, RunStopped, UserError
 from pola_gnt.guards import Interrupted, StopSignals, TrainingGuard
-from pola_gnt.model.lightning import GNTSystem
 from pola_gnt.runfiles import (
     NonFiniteError,
     RunLock,
@@ -68,6 +70,7 @@ from pola_gnt.runfiles import (
     write_atomic,
 )
 from pola_gnt.settings import RunSettings
+from pola_gnt.system import GNTSystem
 
 LAST = "last.ckpt"
 
@@ -174,11 +177,15 @@ class AppendingCSVLogger(CSVLogger):
 
 
 def build_trainer(
-    cfg: DictConfig, run_dir: Path, resume_step: int = 0, signals: StopSignals | None = None
+    cfg: DictConfig, run_dir: Path, last: LastCheckpoint, resume_step: int = 0, signals: StopSignals | None = None
 ) -> pl.Trainer:
     checkpoint_dir = run_dir / CHECKPOINT_DIR
+    # Our own Timer (Lightning then adds none): it enforces `trainer.max_time` in any of its accepted
+    # forms (budget.py), times training under a steps budget too, and is saved in the checkpoints.
+    max_time = max_time_seconds(OmegaConf.select(cfg, MAX_TIME_KEY))
     callbacks = [
         TrainingGuard(signals),
+        Timer(duration=None if max_time is None else timedelta(seconds=max_time), interval="step", verbose=False),
         ModelCheckpoint(
             dirpath=checkpoint_dir,
             filename="best-step{step}-psnr{val/psnr:.2f}",
@@ -188,17 +195,21 @@ def build_trainer(
             save_last=False,
             auto_insert_metric_name=False,
         ),
-        LastCheckpoint(checkpoint_dir / LAST),
+        last,
         LearningRateMonitor(logging_interval="step"),
     ]
-    # TensorBoard: events from steps at or after the resumed checkpoint (an interrupted run's tail) are purged.
-    tensorboard_options = {"purge_step": resume_step} if resume_step else {}
     loggers = [
-        TensorBoardLogger(run_dir, name="tensorboard", version="", **tensorboard_options),
+        # Events from steps at or after the resumed checkpoint (an interrupted run's tail) are purged.
+        TensorBoardLogger(run_dir, name="tensorboard", version="", purge_step=resume_step or None),
         AppendingCSVLogger(run_dir, name="csv", version="", resume_step=resume_step),
     ]
     return instantiate(
-        cfg.trainer, callbacks=callbacks, logger=loggers, default_root_dir=str(run_dir), plugins=[SafeCheckpointIO()]
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=loggers,
+        default_root_dir=str(run_dir),
+        plugins=[SafeCheckpointIO()],
+        max_time=None,  # enforced by the Timer above
     )
 
 
@@ -264,8 +275,9 @@ def _diverged(err: NonFiniteError, run_dir: Path) -> RunStopped:
     )
 
 
-def train(cfg: DictConfig, run_dir: Path) -> dict:
-    """Fit, test on the held-out views, and return the `metrics.json` document."""
+def train(cfg: DictConfig, run_dir: Path) -> dict | None:
+    """Fit, test on the held-out views, and return the `metrics.json` document (None on the ranks
+    other than 0, which do not write it)."""
     settings = validate_config(cfg)  # every value checked before any work
     settings.trainer.check_device()
     checkpoint = resolve_checkpoint(cfg.ckpt_path, run_dir)
@@ -275,7 +287,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         check_compatible(checkpoint, cfg, stored_run_config(stored, checkpoint))
         resume_step = int(stored.get("global_step", 0))
         del stored
-    rank_zero = pl.utilities.rank_zero_only.rank == 0
+    # The global rank, known before the trainer exists: Lightning keeps it on its `rank_zero_only`.
+    rank_zero = getattr(rank_zero_only, "rank", 0) == 0
     lock = RunLock(run_dir)
     if rank_zero:
         lock.acquire()
@@ -306,15 +319,15 @@ def _fit_and_test(
     checkpoint: Path | None,
     resume_step: int,
     signals: StopSignals,
-) -> dict:
+) -> dict | None:
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     scene = load_scene(cfg.scene, cfg.data)
     settings.check_scene(scene)
     datamodule = SceneDataModule(cfg, scene)
-    system = GNTSystem(OmegaConf.to_container(cfg, resolve=True))
-    system.output_dir = run_dir
-    trainer = build_trainer(cfg, run_dir, resume_step, signals)
-    last = next(c for c in trainer.callbacks if isinstance(c, LastCheckpoint))
+    system = GNTSystem.from_config(cfg)
+    system.output_dir, system.scene = run_dir, scene
+    last = LastCheckpoint(run_dir / CHECKPOINT_DIR / LAST)
+    trainer = build_trainer(cfg, run_dir, last, resume_step, signals)
     if trainer.is_global_zero:
         print(scene.summary(), flush=True)
     phase = "training"

@@ -7,17 +7,22 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
-from helpers import run_module  # noqa: F401  (re-exported: `from conftest import run_module`)
 
-import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
-from pola_gnt.paths import DEMO_ENV, PROJECT_ROOT
-
+# Type and shape checks (jaxtyping + beartype) of every pola_gnt function in this process and in the
+# commands the tests start: set before pola_gnt is first imported (its import installs the hook).
+os.environ["POLA_GNT_CHECK_SHAPES"] = "1"
 # One intra-op thread in the tests and in the commands they start (unless OMP_NUM_THREADS is set):
 # their models and images are tiny, so thread wake-ups cost more than they share. On the shared
 # 2-core machine a tiny training step took 0.14 s (GNT) / 0.25-0.28 s (Pola-GNT) with one thread
 # and 2.2-3.1 s / 2.6-5.3 s with two. Results are compared like with like (both sides one thread).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+from helpers import run_module  # noqa: E402, F401  (re-exported: `from conftest import run_module`)
+
+import pola_gnt  # noqa: E402, F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
+from pola_gnt.paths import DEMO_ENV, PROJECT_ROOT  # noqa: E402
+
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 

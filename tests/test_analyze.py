@@ -98,12 +98,13 @@ def test_recording_sees_the_module_inputs_and_changes_nothing():
     mask[1, 2] = True  # one visible sample: entropy is 0 for every method, so the row is skipped
     with torch.no_grad():
         plain = module(tokens, mask)
-        with recording_attention(module) as records:
-            recorded = module(tokens, mask)
-    assert torch.equal(plain, recorded)
-    assert "_attend" not in module.__dict__  # the wrapper is gone
+        with recording_attention(module) as recorded:
+            output = module(tokens, mask)
+    assert torch.equal(plain, output)
+    assert module.recorder is None  # recording ends with the block
 
-    record = records[""]
+    record = recorded.layers[""]
+    assert recorded.gates[""].shape == (5 * 7, 16)  # one gate row per token
     counted = mask & (mask.sum(dim=-1, keepdim=True) >= 2)  # used queries of rays with >= 2 keys
     assert record.rows == 2 * int(counted.sum())  # x heads
     assert torch.equal(record.used(), mask.flatten())

@@ -10,9 +10,9 @@ from torch import nn
 from pola_gnt.attention import build_ray_attention, build_view_attention, polarity_attention
 from pola_gnt.attention.diagnostics import (
     attention_entropy,
-    capture_gates,
     learned_temperatures,
     polarity_attention_weights,
+    recording,
     relu_linear_weights,
     softmax_weights,
     split_gates,
@@ -79,7 +79,7 @@ def test_learned_temperatures_walks_pola_modules():
     assert rows[1]["temp_same"][0, 0] == 0.5 and rows[0]["temp_opp"][1, 7] == 0.5
 
 
-def test_capture_gates_records_gates_of_every_forward():
+def test_recording_gives_gates_and_attention_inputs_of_every_forward_and_changes_nothing():
     torch.manual_seed(0)
     model = nn.ModuleDict(
         {"view": build_view_attention("pola", DIM, HEADS), "ray": build_ray_attention("pola", DIM, HEADS)}
@@ -87,19 +87,33 @@ def test_capture_gates_records_gates_of_every_forward():
     query, tokens = torch.randn(3, DIM), torch.randn(3, 4, DIM)
     rel_dirs, mask = torch.randn(3, 4, 4), torch.ones(3, 4, dtype=torch.bool)
     samples = torch.randn(2, 5, DIM)
-    with capture_gates(model) as gates:
-        model["view"](query, tokens, rel_dirs, mask)
+    unrecorded = model["view"](query, tokens, rel_dirs, mask)
+    inputs = []
+
+    def on_inputs(name, module, q, k, key_mask):
+        assert module is model[name]
+        inputs.append((name, tuple(q.shape), tuple(k.shape), None if key_mask is None else tuple(key_mask.shape)))
+
+    with recording(model, on_inputs) as recorded:
+        assert torch.equal(model["view"](query, tokens, rel_dirs, mask), unrecorded)
         model["view"](query[:2], tokens[:2], rel_dirs[:2], mask[:2])  # a second chunk
         model["ray"](samples, None)
+    gates = recorded.gates
     assert set(gates) == {"view", "ray"}
     assert gates["view"].shape == (5, DIM) and gates["ray"].shape == (10, DIM)
     expected_gate = model["view"].to_qg(query).chunk(2, dim=-1)[1].detach()
     torch.testing.assert_close(gates["view"][:3], expected_gate)
     torch.testing.assert_close(gates["view"][3:], expected_gate[:2])
+    head_dim = DIM // HEADS  # heads-split inputs: one query per point over 4 views; 5 samples per ray
+    assert inputs == [
+        ("view", (3, HEADS, 1, head_dim), (3, HEADS, 4, head_dim), (3, 4)),
+        ("view", (2, HEADS, 1, head_dim), (2, HEADS, 4, head_dim), (2, 4)),
+        ("ray", (2, HEADS, 5, head_dim), (2, HEADS, 5, head_dim), None),
+    ]
     # Recording stops with the block.
     model["view"](query, tokens, rel_dirs, mask)
-    assert gates["view"].shape == (5, DIM)
-    assert not model["view"].record_gates and model["view"].last_gate is None
+    assert gates["view"].shape == (5, DIM) and len(inputs) == 3
+    assert model["view"].recorder is None and model["ray"].recorder is None
 
 
 def test_split_gates_separates_stream_channels_per_head():

@@ -1,14 +1,17 @@
-"""polarity_attention against a direct, unvectorised float64 implementation of the math."""
+"""polarity_attention (every form) and the view form against the package's fp64 reference of the math
+(`pola_gnt.attention.reference`)."""
 
 from __future__ import annotations
 
-import math
+from functools import partial
 
 import pytest
 import torch
 
 from pola_gnt.attention import functional
-from pola_gnt.attention.functional import EPSILON, EXPONENT_CLAMP, expm1_, polarity_attention, resolve_form
+from pola_gnt.attention.features import EPSILON, EXPONENT_CLAMP, expm1_
+from pola_gnt.attention.functional import polarity_attention, resolve_form
+from pola_gnt.attention.reference import polarity_attention_reference
 from pola_gnt.attention.view_functional import polarity_view_attention
 
 # "linear" runs whole short sequences (`short_linear`), "chunked" forces the chunked linear form that
@@ -16,54 +19,9 @@ from pola_gnt.attention.view_functional import polarity_view_attention
 FORMS = ("linear", "chunked", "quadratic")
 
 
-# --------------------------------------------------------------------------------------------------
-# Reference: python loops over queries, keys and channels (docs: pola_attention.md, "The math")
-
-
-def _phi(z: float) -> float:
-    return math.expm1(min(z, EXPONENT_CLAMP))
-
-
-def _reference_head(q, k, v, temp_same, temp_opp, key_mask, query_map=_phi) -> list[list[float]]:
-    """One head: q `[Nq][d]`, k, v `[Nk][d]`, temps `[2d]`, key_mask `[Nk]` as python lists."""
-    d, half = len(q[0]), len(q[0]) // 2
-    out = []
-    for q_i in q:
-        row = []
-        for stream in ("same", "opp"):
-            numerator, denominator = [0.0] * half, 0.0
-            for k_j, v_j, visible in zip(k, v, key_mask):
-                if not visible:
-                    continue
-                weight = 0.0
-                for c in range(d):
-                    q_pos, q_neg = max(q_i[c], 0.0), max(-q_i[c], 0.0)
-                    k_pos, k_neg = _phi(max(k_j[c], 0.0)), _phi(max(-k_j[c], 0.0))
-                    if stream == "same":  # (+, +) and (-, -)
-                        weight += query_map(temp_same[c] * q_pos) * k_pos
-                        weight += query_map(temp_same[d + c] * q_neg) * k_neg
-                    else:  # (-, +) and (+, -)
-                        weight += query_map(temp_opp[c] * q_neg) * k_pos
-                        weight += query_map(temp_opp[d + c] * q_pos) * k_neg
-                values = v_j[:half] if stream == "same" else v_j[half:]
-                numerator = [n + weight * x for n, x in zip(numerator, values)]
-                denominator += weight
-            row += [n / (denominator + EPSILON) for n in numerator]
-        out.append(row)
-    return out
-
-
-def reference_attention(q, k, v, temp_same, temp_opp, key_mask=None, query_map=_phi) -> torch.Tensor:
-    """q `[B, H, Nq, d]`, k, v `[B, H, Nk, d]`, temps `[H, 2d]`, key_mask `[B, H, Nk]`."""
-    batch, heads, num_keys = k.shape[:3]
-    if key_mask is None:
-        key_mask = torch.ones(batch, heads, num_keys, dtype=torch.bool)
-    out = torch.zeros(q.shape, dtype=torch.float64)
-    for b in range(batch):
-        for h in range(heads):
-            args = (q[b, h], k[b, h], v[b, h], temp_same[h], temp_opp[h], key_mask[b, h])
-            out[b, h] = torch.tensor(_reference_head(*(x.tolist() for x in args), query_map=query_map))
-    return out
+def reference(q, k, v, temp_same, temp_opp, key_mask=None, **options) -> torch.Tensor:
+    """The package's fp64 reference with the modules' temperatures `[heads, 2d]` (as `[heads, 1, 2d]`)."""
+    return polarity_attention_reference(q, k, v, temp_same.unsqueeze(-2), temp_opp.unsqueeze(-2), key_mask, **options)
 
 
 def _inputs(num_queries, num_keys, batch=2, heads=2, d=4, seed=0, dtype=torch.float32, masked=True):
@@ -113,7 +71,7 @@ def small_chunks(monkeypatch):
 @pytest.mark.parametrize("num_queries,num_keys", [(6, 6), (1, 7), (5, 9)])
 def test_matches_reference(form, masked, num_queries, num_keys):
     (q, k, v, ts, to), mask = _inputs(num_queries, num_keys, masked=masked)
-    expected = reference_attention(q.double(), k.double(), v.double(), ts.double(), to.double(), mask)
+    expected = reference(q, k, v, ts, to, mask)
     out = _run(form, q, k, v, ts, to, mask)
     assert out.dtype == torch.float32 and out.shape == q.shape
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6)
@@ -121,7 +79,7 @@ def test_matches_reference(form, masked, num_queries, num_keys):
 
 def test_linear_form_in_chunks_matches_reference(small_chunks):
     (q, k, v, ts, to), mask = _inputs(11, 13, dtype=torch.float64)
-    expected = reference_attention(q, k, v, ts, to, mask)
+    expected = reference(q, k, v, ts, to, mask)
     torch.testing.assert_close(_run("linear", q, k, v, ts, to, mask), expected)
 
 
@@ -187,7 +145,7 @@ def test_small_temperature_limit(form):
     (q, k, v, _, _), mask = _inputs(4, 6, dtype=torch.float64)
     d = q.shape[-1]
     ones = torch.ones(q.shape[1], 2 * d, dtype=torch.float64)
-    limit = reference_attention(q, k, v, ones, ones, mask, query_map=lambda z: z)
+    limit = reference(q, k, v, ones, ones, mask, query_map=lambda z: z)
     errors = []
     for temp in (1e-1, 1e-2, 1e-3):
         errors.append((_run(form, q, k, v, temp * ones, temp * ones, mask) - limit).abs().max())
@@ -236,17 +194,18 @@ def test_gradcheck_linear_in_chunks_with_broadcast_temperatures(small_chunks, te
 
 
 def test_clamped_exponent_gradients_match_autograd():
-    """Above the clamp the features are constant: the custom backward must agree with autograd."""
+    """Above the clamp the features are constant: the custom backward must agree with autograd of the reference."""
     (q, k, v, ts, to), mask = _inputs(4, 5, dtype=torch.float64)
     q, k = q * 40, k * 40  # many exponents beyond EXPONENT_CLAMP
+    weights = torch.linspace(-1, 1, q.shape[-1], dtype=torch.float64)
     grads = {}
-    for form in FORMS:
+    for form, run in (*((form, partial(_run, form)) for form in FORMS), ("reference", reference)):
         inputs = [x.clone().requires_grad_(True) for x in (q, k, v, ts, to)]
-        (_run(form, *inputs, mask) * torch.linspace(-1, 1, q.shape[-1], dtype=torch.float64)).sum().backward()
+        (run(*inputs, mask) * weights).sum().backward()
         grads[form] = [x.grad for x in inputs]
-    for form in ("linear", "chunked"):
-        for fast, quadratic in zip(grads[form], grads["quadratic"]):
-            torch.testing.assert_close(fast, quadratic)
+    for form in FORMS:
+        for fast, expected in zip(grads[form], grads["reference"]):
+            torch.testing.assert_close(fast, expected)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -351,32 +310,22 @@ def _view_inputs(points=5, views=6, heads=2, d=4, scale=1.0, seed=1, dtype=torch
     return [x.to(dtype) for x in (q, k, v, ts, to)], mask
 
 
-def _view_as_quadratic(q, k, v, ts, to, mask):
-    """The same function through the general entry point: one query, heads split."""
-    heads = q.shape[-2]
-    out = polarity_attention(
+def _view_reference(q, k, v, ts, to, mask):
+    """The reference with one query per point, heads split: `[points, heads, 1, d]` vs `[points, heads, views, d]`."""
+    return reference(
         q.unsqueeze(-2),
         k.transpose(-2, -3),
         v.transpose(-2, -3),
-        ts.unsqueeze(-2),
-        to.unsqueeze(-2),
-        mask.unsqueeze(-2).expand(-1, heads, -1),
-        form="quadratic",
-    )
-    return out.squeeze(-2)
+        ts,
+        to,
+        mask.unsqueeze(-2).expand(-1, q.shape[-2], -1),
+    ).squeeze(-2)
 
 
 @pytest.mark.parametrize("views", [1, 4, 10])
 def test_view_form_matches_reference(views):
     (q, k, v, ts, to), mask = _view_inputs(views=views, dtype=torch.float32)
-    expected = reference_attention(
-        q.double().unsqueeze(-2),
-        k.double().transpose(-2, -3),
-        v.double().transpose(-2, -3),
-        ts.double(),
-        to.double(),
-        mask.unsqueeze(-2).expand(-1, q.shape[-2], -1),
-    ).squeeze(-2)
+    expected = _view_reference(q, k, v, ts, to, mask)
     out = polarity_view_attention(q, k, v, ts, to, mask)
     assert out.dtype == torch.float32 and out.shape == q.shape
     assert torch.equal(out[1], torch.zeros_like(out[1]))  # every view masked: zeros
@@ -384,17 +333,17 @@ def test_view_form_matches_reference(views):
 
 
 @pytest.mark.parametrize("scale", [1.0, 30.0])  # 30: many exponents beyond the clamp
-def test_view_form_values_and_gradients_equal_quadratic_fp64(scale):
+def test_view_form_values_and_gradients_equal_the_reference_fp64(scale):
     inputs, mask = _view_inputs(scale=scale)
     grad = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     results = {}
-    for name, fn in (("view", polarity_view_attention), ("quadratic", _view_as_quadratic)):
+    for name, fn in (("view", polarity_view_attention), ("reference", _view_reference)):
         leaves = [x.clone().requires_grad_(True) for x in inputs]
         out = fn(*leaves, mask)
         results[name] = [out, *torch.autograd.grad(out, leaves, grad)]
-    for view, quadratic in zip(results["view"], results["quadratic"]):
+    for view, expected in zip(results["view"], results["reference"]):
         assert torch.isfinite(view).all()
-        torch.testing.assert_close(view, quadratic, rtol=1e-10, atol=1e-12 * quadratic.abs().max().item())
+        torch.testing.assert_close(view, expected, rtol=1e-10, atol=1e-12 * expected.abs().max().item())
 
 
 def test_view_form_gradcheck():

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from pola_gnt.errors import UserError
-from pola_gnt.metrics import linear_parameters, load_lpips, lpips_distance, read_image
+from pola_gnt.metrics import linear_parameters, load_lpips, lpips_distance, read_float_image
 from pola_gnt.paths import PROJECT_ROOT
 
 
@@ -98,7 +98,7 @@ def test_vgg_weights_are_complete_and_sane(built_weights, lpips_calibration_dir)
     names = sorted(json.loads((lpips_calibration_dir / "expected.json").read_text())["scores"])
 
     def batch(kind: str) -> torch.Tensor:  # [3 pairs, 3, 96, 128]
-        images = [read_image(lpips_calibration_dir / kind / f"{name}.bmp").permute(2, 0, 1) for name in names]
+        images = [read_float_image(lpips_calibration_dir / kind / f"{name}.bmp").permute(2, 0, 1) for name in names]
         return F.avg_pool2d(torch.stack(images), 4)
 
     dist, ref = batch("dist"), batch("ref")

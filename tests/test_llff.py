@@ -11,10 +11,12 @@ import pytest
 import torch
 from helpers import assert_one_error_line, run_in_process
 
-from pola_gnt.data.llff import llff_to_opencv, load_llff_scene
+from pola_gnt.data.llff import load_llff_scene
 from pola_gnt.data.source_views import nearest_views, random_training_views
 from pola_gnt.errors import UserError
-from pola_gnt.render.rays import pixel_rays, points_along_rays, project_points
+from pola_gnt.geometry.cameras import llff_to_opencv
+from pola_gnt.geometry.projection import project_points
+from pola_gnt.geometry.rays import pixel_rays, points_along_rays
 
 
 @pytest.fixture(scope="module")

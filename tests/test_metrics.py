@@ -21,11 +21,11 @@ from pola_gnt.metrics import (
     linear_parameters,
     load_lpips,
     lpips_distance,
-    main,
     psnr,
-    read_image,
+    read_float_image,
     ssim,
 )
+from pola_gnt.metrics.__main__ import main
 from pola_gnt.paths import LPIPS_WEIGHTS_ENV
 
 
@@ -36,8 +36,8 @@ def _calibration(calibration_dir: Path) -> tuple[dict[str, float], float]:
 
 def _pair_chw(calibration_dir: Path, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(distorted, reference) `[3, H, W]` in [0, 1]."""
-    dist = read_image(calibration_dir / "dist" / f"{name}.bmp").permute(2, 0, 1)
-    ref = read_image(calibration_dir / "ref" / f"{name}.bmp").permute(2, 0, 1)
+    dist = read_float_image(calibration_dir / "dist" / f"{name}.bmp").permute(2, 0, 1)
+    ref = read_float_image(calibration_dir / "ref" / f"{name}.bmp").permute(2, 0, 1)
     return dist, ref
 
 

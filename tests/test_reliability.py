@@ -22,9 +22,9 @@ from hydra import compose, initialize_config_dir
 from pola_gnt.config import CONFIG_DIR
 from pola_gnt.errors import RunStopped, UserError
 from pola_gnt.guards import TrainingGuard
-from pola_gnt.model.lightning import GNTSystem
 from pola_gnt.paths import PROJECT_ROOT
 from pola_gnt.runfiles import LOCK_NAME, NonFiniteError, RunLock, SafeCheckpointIO, write_atomic
+from pola_gnt.system import GNTSystem
 from pola_gnt.train import train
 
 COMMON = ["model=pola_gnt", *TINY_OVERRIDES, "seed=3", "trainer.val_check_interval=2"]
@@ -289,7 +289,7 @@ def test_training_on_a_full_or_read_only_disk(small_disk, mode):
 
 
 def test_metrics_json_is_strict_json_with_null_reasons(tmp_path):
-    from pola_gnt.evaluation import ViewResult, write_results
+    from pola_gnt.scoring import ViewResult, write_results
 
     results = [
         ViewResult(

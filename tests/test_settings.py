@@ -20,7 +20,7 @@ from pola_gnt.data.datamodule import TrainSteps, crop_views, source_batch
 from pola_gnt.data.sampling import crop_size, draw_crop, scaled_ray_count
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.errors import UserError, check_int, check_number
-from pola_gnt.render.rays import pixel_grid, pixel_rays
+from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 from pola_gnt.render_video import scaled_intrinsics
 from pola_gnt.settings import RandomCrop, RunSettings, VideoSettings
 
@@ -230,7 +230,7 @@ def test_crop_views_cuts_target_and_sources_alike_and_shifts_intrinsics():
     window = (10, 17, 40, 60)  # top, left, height, width
     cropped, intrinsics, image = crop_views(batch, scene.cameras.intrinsics[target], scene.images[target], window)
     assert torch.equal(image, scene.images[target][10:50, 17:77])
-    assert torch.equal(cropped["source_images"], batch["source_images"][:, :, 10:50, 17:77])
+    assert torch.equal(cropped.images, batch.images[:, :, 10:50, 17:77])
     # A pixel (u, v) of the crop is the ray of pixel (u + left, v + top) of the whole image.
     pixels = pixel_grid(40, 60)
     c2w = scene.cameras.c2w[target]
@@ -239,10 +239,10 @@ def test_crop_views_cuts_target_and_sources_alike_and_shifts_intrinsics():
     torch.testing.assert_close(in_crop.directions, whole.directions)
     # A point projects into each cropped source at its whole-image pixel minus the corner.
     for view in range(len(sources)):
-        full, crop = batch["source_intrinsics"][view], cropped["source_intrinsics"][view]
+        full, crop = batch.intrinsics[view], cropped.intrinsics[view]
         torch.testing.assert_close(crop[:2, 2], full[:2, 2] - torch.tensor([17.0, 10.0]))
         torch.testing.assert_close(crop[:, :2], full[:, :2])
-    assert torch.equal(batch["source_intrinsics"], source_batch(scene, sources)["source_intrinsics"])  # not in place
+    assert torch.equal(batch.intrinsics, source_batch(scene, sources).intrinsics)  # not in place
 
 
 def _find_window(part: torch.Tensor, whole: torch.Tensor) -> tuple[int, int]:
@@ -270,28 +270,28 @@ def test_training_steps_crop_consistently_and_scale_the_rays():
         steps = TrainSteps(scene, data, cfg.render.n_samples, 12, seed=0, rank=0)
         for step in range(12):
             batch = steps[step]
-            images = batch["source_images"]
+            images = batch.sources.images
             height, width = images.shape[-2:]
             assert (height, width) in RandomCrop((40, 80), 4000).sizes()
             corners = {
                 _find_window(images[i], scene.images[v].permute(2, 0, 1))
-                for i, v in enumerate(batch["source_ids"].tolist())
+                for i, v in enumerate(batch.sources.ids.tolist())
             }
             assert len(corners) == 1  # one window for every source
             top, left = corners.pop()
             shift = torch.tensor([left, top], dtype=torch.float32)
-            for i, view in enumerate(batch["source_ids"].tolist()):
+            for i, view in enumerate(batch.sources.ids.tolist()):
                 torch.testing.assert_close(
-                    batch["source_intrinsics"][i][:2, 2], scene.cameras.intrinsics[view][:2, 2] - shift
+                    batch.sources.intrinsics[i][:2, 2], scene.cameras.intrinsics[view][:2, 2] - shift
                 )
             # The target's rays and colours come from the same window.
-            target = int(batch["target_id"])
+            target = batch.view
             window = scene.images[target][top : top + height, left : left + width].reshape(-1, 3)
-            matches = (batch["rgb"][:, None, :] == window[None]).all(-1)
+            matches = (batch.rgb[:, None, :] == window[None]).all(-1)
             assert matches.any(dim=1).all()
-            drawn = len(batch["source_ids"])
-            assert len(batch["rgb"]) == scaled_ray_count(64, 4, drawn) == int(64 * 4 / drawn)
-            counts.add(len(batch["rgb"]))
+            drawn = len(batch.sources.ids)
+            assert len(batch.rgb) == scaled_ray_count(64, 4, drawn) == int(64 * 4 / drawn)
+            counts.add(len(batch.rgb))
     assert len(counts) > 1  # the number of views drawn varies, and the rays with it
 
 
@@ -302,12 +302,12 @@ def test_without_the_recipe_the_steps_are_unchanged():
     plain = TrainSteps(scene, cfg.data, cfg.render.n_samples, 4, seed=0, rank=0)
     for step in range(4):
         batch = plain[step]
-        assert len(batch["rgb"]) == 64 and batch["source_images"].shape[-2:] == scene.images.shape[1:3]
+        assert len(batch.rgb) == 64 and batch.sources.images.shape[-2:] == scene.images.shape[1:3]
     # The random crop only changes what the crop draws, after the views.
     cropped = compose_config(*TINY_OVERRIDES, "data.random_crop={heights:[40,80],area:4000}")
     with_crop = TrainSteps(scene, cropped.data, cfg.render.n_samples, 4, seed=0, rank=0)
     for step in range(4):
-        assert torch.equal(plain[step]["source_ids"], with_crop[step]["source_ids"])
+        assert torch.equal(plain[step].sources.ids, with_crop[step].sources.ids)
 
 
 @pytest.mark.parametrize(

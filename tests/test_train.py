@@ -10,13 +10,17 @@ import torch.nn.functional as F
 from conftest import TINY_OVERRIDES
 from helpers import assert_one_error_line, run_in_process, run_module
 from hydra import compose, initialize_config_dir
+from lightning_fabric.utilities.apply_func import move_data_to_device
+from lightning_utilities.core.apply_func import apply_to_collection
 from omegaconf import OmegaConf
 
 from pola_gnt.config import CONFIG_DIR
+from pola_gnt.data.batches import RayBatch
 from pola_gnt.data.datamodule import TrainSteps
 from pola_gnt.data.scenes import load_scene
-from pola_gnt.model.lightning import GNTSystem, mse_to_psnr
-from pola_gnt.render.rays import Rays
+from pola_gnt.geometry.rays import Rays
+from pola_gnt.metrics import mse_to_psnr
+from pola_gnt.system import GNTSystem
 from pola_gnt.train import train
 
 
@@ -62,8 +66,8 @@ def test_overfit_one_batch(model):
     optimizer = system.configure_optimizers()["optimizer"]
     losses = []
     for _ in range(120):
-        output = system.net(Rays(batch["origins"], batch["directions"]), batch["depths"], system._sources(batch))
-        loss = F.mse_loss(output.rgb, batch["rgb"])
+        output = system.render_batch(batch)
+        loss = F.mse_loss(output.rgb, batch.rgb)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -76,14 +80,33 @@ def test_ranks_and_steps_draw_different_rays():
     cfg = compose_config(*TINY_OVERRIDES)
     scene = load_scene(cfg.scene, cfg.data)
     steps = {rank: TrainSteps(scene, cfg.data, cfg.render.n_samples, 10, seed=0, rank=rank) for rank in (0, 1)}
-    assert not torch.equal(
-        steps[0][3]["origins"] + steps[0][3]["directions"], steps[1][3]["origins"] + steps[1][3]["directions"]
-    )
-    assert not torch.equal(steps[0][3]["rgb"], steps[0][4]["rgb"])
-    assert torch.equal(steps[0][3]["depths"], steps[0][3]["depths"])  # a step's batch is reproducible
-    assert torch.equal(
-        steps[1][5]["rgb"], TrainSteps(scene, cfg.data, cfg.render.n_samples, 10, seed=0, rank=1)[5]["rgb"]
-    )
+    rank_0, rank_1 = steps[0][3].rays, steps[1][3].rays
+    assert not torch.equal(rank_0.origins + rank_0.directions, rank_1.origins + rank_1.directions)
+    assert not torch.equal(steps[0][3].rgb, steps[0][4].rgb)
+    assert torch.equal(steps[0][3].depths, steps[0][3].depths)  # a step's batch is reproducible
+    assert torch.equal(steps[1][5].rgb, TrainSteps(scene, cfg.data, cfg.render.n_samples, 10, seed=0, rank=1)[5].rgb)
+
+
+def test_lightning_moves_every_tensor_of_a_typed_batch():
+    """Lightning's device transfer walks the batch dataclasses, the `Rays` and the sources included."""
+    cfg = compose_config(*TINY_OVERRIDES, "data.crop=[40,60]")
+    scene = load_scene(cfg.scene, cfg.data)
+    batch = TrainSteps(scene, cfg.data, cfg.render.n_samples, 2, seed=0, rank=0)[1]
+    moved = apply_to_collection(batch, torch.Tensor, lambda tensor: tensor.double())
+    tensors = {
+        "rays.origins": moved.rays.origins,
+        "rays.directions": moved.rays.directions,
+        "depths": moved.depths,
+        "rgb": moved.rgb,
+        "sources.images": moved.sources.images,
+        "sources.c2w": moved.sources.c2w,
+        "sources.intrinsics": moved.sources.intrinsics,
+    }
+    assert all(t.dtype == torch.float64 for t in tensors.values()), {k: t.dtype for k, t in tensors.items()}
+    assert isinstance(moved, RayBatch) and isinstance(moved.rays, Rays) and moved.step == 1
+    assert batch.rays.origins.dtype == torch.float32  # the loader's batch is left as it was
+    assert move_data_to_device(batch, torch.device("cpu")).rays.origins.data_ptr() == batch.rays.origins.data_ptr()
+    assert batch.sources.images.shape[-2:] == (40, 60)  # the crop applies to the sources in their dataclass
 
 
 def _metrics(run_dir) -> dict:

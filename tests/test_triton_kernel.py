@@ -19,12 +19,8 @@ import torch
 pytest.importorskip("triton")
 
 from pola_gnt.attention import triton_kernel  # noqa: E402
-from pola_gnt.attention.functional import (  # noqa: E402
-    EPSILON,
-    EXPONENT_CLAMP,
-    polarity_attention,
-    polarity_attention_linear,  # noqa: E402
-)
+from pola_gnt.attention.functional import polarity_attention, polarity_attention_linear  # noqa: E402
+from pola_gnt.attention.reference import polarity_attention_reference as reference  # noqa: E402
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 interpreter = pytest.mark.skipif(
@@ -46,21 +42,6 @@ def test_kernels_in_interpreter():
     )
     assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-2000:]
     assert " passed" in child.stdout  # the kernel tests ran rather than all being skipped
-
-
-def reference(q, k, v, temp_same, temp_opp, key_mask=None):
-    """Linear form in float64, written out directly from the math in docs/pola_attention.md."""
-    q, k, v, temp_same, temp_opp = (t.double() for t in (q, k, v, temp_same, temp_opp))
-    half = v.shape[-1] // 2
-    keys = torch.expm1(torch.cat([k.relu(), (-k).relu()], -1).clamp(max=EXPONENT_CLAMP))  # [..., Nk, 2d]
-    if key_mask is not None:
-        keys = keys * key_mask[..., None]
-    q_same = torch.expm1((temp_same * torch.cat([q.relu(), (-q).relu()], -1)).clamp(max=EXPONENT_CLAMP))
-    q_opp = torch.expm1((temp_opp * torch.cat([(-q).relu(), q.relu()], -1)).clamp(max=EXPONENT_CLAMP))
-    key_sum = keys.sum(-2, keepdim=True)  # [..., 1, 2d]
-    out_same = q_same @ (keys.transpose(-1, -2) @ v[..., :half]) / ((q_same * key_sum).sum(-1, keepdim=True) + EPSILON)
-    out_opp = q_opp @ (keys.transpose(-1, -2) @ v[..., half:]) / ((q_opp * key_sum).sum(-1, keepdim=True) + EPSILON)
-    return torch.cat([out_same, out_opp], -1)
 
 
 def make_inputs(

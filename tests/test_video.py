@@ -1,4 +1,4 @@
-"""Fly-through paths (`render/camera_paths.py`) and `pola_gnt.render_video`: mp4 frames, size and fps,
+"""Fly-through paths (`geometry/camera_paths.py`) and `pola_gnt.render_video`: mp4 frames, size and fps,
 agreement with a direct render, no broken file after an interruption, bad values as one error line."""
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from helpers import assert_one_error_line, run_in_process, run_module
 from omegaconf import OmegaConf
 
 from pola_gnt.checkpoints import read_checkpoint, stored_run_config
-from pola_gnt.data.llff import load_llff_scene
+from pola_gnt.data.llff import load_llff_scene, to_uint8
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.errors import UserError
-from pola_gnt.evaluation import to_uint8
-from pola_gnt.model.lightning import GNTSystem
+from pola_gnt.geometry.camera_paths import focus_depth, interpolate_path, spiral_path
+from pola_gnt.metrics import mse_to_psnr
+from pola_gnt.model.renderer import RenderedImage, render_image
 from pola_gnt.paths import demo_scene_dir
-from pola_gnt.render.camera_paths import focus_depth, interpolate_path, spiral_path
-from pola_gnt.render.renderer import RenderedImage, render_image
 from pola_gnt.render_video import DEPTH_VIDEO, RGB_VIDEO, VideoSettings, frame_source_views, write_videos
+from pola_gnt.system import GNTSystem
 
 VIDEO_FACTOR = 64  # the demo scene at 63 x 47: fast, and odd sides exercise the even padding
 VIDEO_FRAMES = 5
@@ -126,8 +126,9 @@ def read_video(path: Path) -> tuple[dict, np.ndarray]:
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """PSNR of two arrays of 8-bit levels, any shape."""
     mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2) / 255.0**2
-    return float(-10.0 * np.log10(mse))
+    return float(mse_to_psnr(torch.tensor(mse)))
 
 
 def luma(image: np.ndarray) -> np.ndarray:

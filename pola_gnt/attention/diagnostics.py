@@ -3,20 +3,22 @@
 - `attention_entropy` of explicit weights, with `polarity_attention_weights` (the effective weights
   of both pola streams), `softmax_weights` and `relu_linear_weights` on the same q, k for comparison;
 - `learned_temperatures`: per-channel temperatures of every pola module of a model;
-- `capture_gates`: the gate activations ("Gs" / "Go" polarity gating) of every pola module during a
-  forward, and `split_gates` to separate the two streams' channels.
+- `recording`: what every pola module computes during forwards, through its `recorder`: the gate
+  activations ("Gs" / "Go" polarity gating, `split_gates` separates the two streams' channels) and,
+  to a callback, the q, k and key mask its attention gets.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
+from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
-from pola_gnt.attention.functional import EPSILON, key_features, query_features
-from pola_gnt.attention.modules import PolaAttentionBase
+from pola_gnt.attention.features import EPSILON, key_feature_map, query_feature_maps
+from pola_gnt.attention.modules import AttentionRecorder, PolaAttentionBase
 
 # --------------------------------------------------------------------------------------------------
 # Attention weights and entropy
@@ -33,7 +35,9 @@ def _normalise_rows(weights: Tensor) -> Tensor:
     return weights / (weights.sum(dim=-1, keepdim=True) + EPSILON)
 
 
-def attention_entropy(weights: Tensor, key_mask: Tensor | None = None) -> Tensor:
+def attention_entropy(
+    weights: Float[Tensor, "*batch queries keys"], key_mask: Bool[Tensor, "*#batch keys"] | None = None
+) -> Float[Tensor, "*batch queries"]:
     """Entropy (natural log) of each row of non-negative attention weights.
 
     Args:
@@ -49,19 +53,27 @@ def attention_entropy(weights: Tensor, key_mask: Tensor | None = None) -> Tensor
 
 
 def polarity_attention_weights(
-    q: Tensor, k: Tensor, temp_same: Tensor, temp_opp: Tensor, key_mask: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
+    q: Float[Tensor, "*#batch queries d"],
+    k: Float[Tensor, "*#batch keys d"],
+    temp_same: Float[Tensor, "*temps 2*d"],
+    temp_opp: Float[Tensor, "*temps 2*d"],
+    key_mask: Bool[Tensor, "*#batch keys"] | None = None,
+) -> tuple[Float[Tensor, "*#batch queries keys"], Float[Tensor, "*#batch queries keys"]]:
     """Effective normalised weights `[..., Nq, Nk]` of the same-sign and opposite-sign streams.
 
     `w_ij = Q_i . K_j / (sum_j Q_i . K_j + eps)`: `polarity_attention` is `w_same @ v1` and
     `w_opp @ v2` (the quadratic form).
     """
-    q_same, q_opp = query_features(q, temp_same, temp_opp)
-    keys_t = key_features(k, key_mask).transpose(-1, -2)
+    q_same, q_opp = query_feature_maps(q, temp_same, temp_opp)
+    keys_t = key_feature_map(k, key_mask).transpose(-1, -2)
     return _normalise_rows(q_same @ keys_t), _normalise_rows(q_opp @ keys_t)
 
 
-def softmax_weights(q: Tensor, k: Tensor, key_mask: Tensor | None = None) -> Tensor:
+def softmax_weights(
+    q: Float[Tensor, "*#batch queries d"],
+    k: Float[Tensor, "*#batch keys d"],
+    key_mask: Bool[Tensor, "*#batch keys"] | None = None,
+) -> Float[Tensor, "*#batch queries keys"]:
     """Scaled dot-product softmax weights `[..., Nq, Nk]` (all-masked rows are zero)."""
     scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
     if key_mask is not None:
@@ -69,7 +81,11 @@ def softmax_weights(q: Tensor, k: Tensor, key_mask: Tensor | None = None) -> Ten
     return torch.softmax(scores, dim=-1).nan_to_num(0.0)
 
 
-def relu_linear_weights(q: Tensor, k: Tensor, key_mask: Tensor | None = None) -> Tensor:
+def relu_linear_weights(
+    q: Float[Tensor, "*#batch queries d"],
+    k: Float[Tensor, "*#batch keys d"],
+    key_mask: Bool[Tensor, "*#batch keys"] | None = None,
+) -> Float[Tensor, "*#batch queries keys"]:
     """Weights `[..., Nq, Nk]` of plain ReLU linear attention: `relu(q) . relu(k)`, normalised."""
     weights = torch.relu(q) @ torch.relu(k).transpose(-1, -2)
     return _normalise_rows(_apply_mask(weights, key_mask))
@@ -100,43 +116,54 @@ def learned_temperatures(model: nn.Module) -> list[dict]:
     return rows
 
 
-@contextlib.contextmanager
-def capture_gates(model: nn.Module) -> Iterator[dict[str, Tensor]]:
-    """Record the gate activations of every pola module during forwards inside the block.
+AttentionInputs = Callable[[str, PolaAttentionBase, Tensor, Tensor, "Tensor | None"], None]
 
-    Yields a dict filled as the model runs: module name -> gates `[tokens, dim]` (detached; several
-    forwards, e.g. chunked rendering, are concatenated along the tokens).
 
-        with capture_gates(model) as gates:
-            model(batch)
-        same, opp = split_gates(gates["view_blocks.0.attn"], heads=4)
+class Recording(AttentionRecorder):
+    """What the pola modules of a model computed during the forwards inside `recording(model)`.
+
+    `gates`: module name -> gates `[tokens, dim]` (detached; several forwards, e.g. chunked
+    rendering, are concatenated along the tokens). `on_inputs(name, module, q, k, key_mask)`, when
+    given, receives the heads-split q `[B, heads, Nq, d]`, k `[B, heads, Nk, d]` and key mask
+    `[B, Nk]` of every attention call.
     """
-    gates: dict[str, Tensor] = {}
-    handles = []
 
-    def store(name: str):
-        def hook(module: PolaAttentionBase, _inputs, _output) -> None:
-            gate = module.last_gate
-            module.last_gate = None
-            gates[name] = gate if name not in gates else torch.cat([gates[name], gate])
+    def __init__(self, names: dict[PolaAttentionBase, str], on_inputs: AttentionInputs | None = None):
+        self.names = names
+        self.on_inputs = on_inputs
+        self.gates: dict[str, Tensor] = {}
 
-        return hook
+    def on_attention(self, module: PolaAttentionBase, q: Tensor, k: Tensor, key_mask: Tensor | None) -> None:
+        if self.on_inputs is not None:
+            self.on_inputs(self.names[module], module, q, k, key_mask)
 
+    def on_gate(self, module: PolaAttentionBase, gate: Tensor) -> None:
+        name = self.names[module]
+        self.gates[name] = gate if name not in self.gates else torch.cat([self.gates[name], gate])
+
+
+@contextlib.contextmanager
+def recording(model: nn.Module, on_inputs: AttentionInputs | None = None) -> Iterator[Recording]:
+    """Record what every pola module of `model` computes during the forwards inside the block.
+
+    with recording(model) as recorded:
+        model(batch)
+    same, opp = split_gates(recorded.gates["blocks.0.view_block.attention"], heads=4)
+    """
     modules = list(pola_modules(model))
+    recorder = Recording({module: name for name, module in modules}, on_inputs)
     try:
-        for name, module in modules:
-            module.record_gates = True
-            handles.append(module.register_forward_hook(store(name)))
-        yield gates
-    finally:
-        for handle in handles:
-            handle.remove()
         for _, module in modules:
-            module.record_gates = False
-            module.last_gate = None
+            module.recorder = recorder
+        yield recorder
+    finally:
+        for _, module in modules:
+            module.recorder = None
 
 
-def split_gates(gates: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+def split_gates(
+    gates: Float[Tensor, "tokens dim"], heads: int
+) -> tuple[Float[Tensor, "tokens half"], Float[Tensor, "tokens half"]]:
     """Split gates `[tokens, dim]` into the same-sign ("Gs") and opposite-sign ("Go") channels.
 
     Per head the first half of the channels gates the same-sign stream, the second half the

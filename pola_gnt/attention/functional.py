@@ -17,31 +17,29 @@ Two association orders compute the same function:
   function below, which recomputes the feature maps in backward instead of storing them and walks
   long sequences in chunks so that no `[..., N, 2d]` feature tensor is ever held whole.
 
-Numerics:
-- `EPSILON = 1e-6` is added to each stream's denominator `sum_j w_ij` (a *sum*, not the mean used by
-  the official code). It only matters when every weight is ~0: a query whose keys are all masked,
-  or a query of all zeros, then gets an output of exactly 0 instead of 0 / 0.
-- `EXPONENT_CLAMP = 20` bounds every exponent input (the features are `expm1(min(z, 20))`, so each
-  is at most e^20 ~ 4.9e8). A query-key weight is then at most 2d * e^40 ~ 6e19 for d = 128, a sum
-  over 1e6 keys at most ~6e25, and times |v| <= 6.5e4 (the fp16 maximum) at most ~4e30, well below
-  the fp32 maximum 3.4e38; backward terms are of the same size. Without the bound exp overflows fp32
-  at 88.7 (fp16 at 11.1), and sums of many large features would overflow long before that.
-  A ratio of e^20 between two features is already a one-hot weight, so the bound costs nothing in
-  expressiveness.
-- Everything (feature maps, both sums, the division) runs in fp32 with autocast disabled, or in fp64
-  for fp64 inputs; the output is cast back to the dtype of `q`.
+Numerics (fp32 or fp64 with autocast off, `EXPONENT_CLAMP`, `EPSILON`) and the feature maps: `features`.
+The fp64 reference that every form is tested against: `reference`.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, overload
 
 import torch
+from jaxtyping import Bool, Float
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-EPSILON = 1e-6
-EXPONENT_CLAMP = 20.0
+from pola_gnt.attention.features import (
+    EPSILON,
+    EXPONENT_CLAMP,
+    check_attention_shapes,
+    compute_precision,
+    expm1_,
+    key_feature_map,
+    query_feature_maps,
+)
+from pola_gnt.attention.short_linear import polarity_attention_short
 
 # Sequence chunks of the linear form. A chunk's temporaries are about 20 [..., chunk, d] tensors; with
 # a sixteenth of the sequence per chunk they stay near one [..., N, d] tensor, so forward+backward
@@ -61,70 +59,21 @@ FORMS = ("linear", "quadratic", "auto")
 
 
 # --------------------------------------------------------------------------------------------------
-# Feature maps
-
-
-def polarity_split(x: Tensor) -> tuple[Tensor, Tensor]:
-    """`x = x+ - x-` with both parts >= 0: `(relu(x), relu(-x))`."""
-    return torch.relu(x), torch.relu(-x)
-
-
-# Added to log(e^z) so that z = 0 (e^z = 1) divides 0 by a tiny number instead of 0 by 0.
-_TINY = 1e-30
-
-
-def expm1_(z: Tensor) -> Tensor:
-    """`expm1(z)` for `z >= 0`, written over `z`.
-
-    PyTorch's fp32 `expm1` on the CPU is over 10x slower than its `exp` and `log` (no vectorised
-    path), and the feature maps are the largest elementwise work of the attention. So fp32 on the CPU
-    uses Kahan's formula `expm1(z) = (e - 1) z / log(e)` with `e = fl(exp(z))`: the rounding error of
-    `e` cancels between numerator and denominator, leaving a few ulp (measured: < 2e-7 relative over
-    [1e-40, 21]), where the naive `e - 1` loses all digits as z -> 0. Where `e` rounds to 1 (z < 6e-8)
-    the quotient is 0 and `max(., z)` restores `expm1(z) = z` to within an ulp (expm1(z) >= z always).
-    Other dtypes and CUDA use `torch.expm1` (fast there; fp64 is the reference path).
-    """
-    if z.dtype != torch.float32 or z.is_cuda:
-        return z.expm1_()
-    e = torch.exp(z)
-    numerator = (e - 1.0).mul_(z)
-    return torch.maximum(numerator.div_(e.log_().add_(_TINY)), z, out=z)
-
-
-def spiky(z: Tensor) -> Tensor:
-    """The PaCS map `expm1(min(z, EXPONENT_CLAMP))`; `z >= 0` here, so features are >= 0 and 0 at 0.
-    Plain autograd (the quadratic form, the reference): `torch.expm1`, not the in-place `expm1_`."""
-    return torch.expm1(z.clamp(max=EXPONENT_CLAMP))
-
-
-def query_features(q: Tensor, temp_same: Tensor, temp_opp: Tensor) -> tuple[Tensor, Tensor]:
-    """Same-sign and opposite-sign query features, each `[..., Nq, 2d]` from `q` `[..., Nq, d]`."""
-    pos, neg = polarity_split(q)
-    same = spiky(temp_same * torch.cat([pos, neg], dim=-1))
-    opp = spiky(temp_opp * torch.cat([neg, pos], dim=-1))
-    return same, opp
-
-
-def key_features(k: Tensor, key_mask: Tensor | None = None) -> Tensor:
-    """Key features `[..., Nk, 2d]`; masked keys get all-zero features so they drop out of every sum."""
-    pos, neg = polarity_split(k)
-    features = spiky(torch.cat([pos, neg], dim=-1))
-    if key_mask is not None:
-        features = features * key_mask.unsqueeze(-1).to(features.dtype)
-    return features
-
-
-# --------------------------------------------------------------------------------------------------
 # Quadratic form
 
 
 def polarity_attention_quadratic(
-    q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor, key_mask: Tensor | None = None
-) -> Tensor:
+    q: Float[Tensor, "*#batch queries d"],
+    k: Float[Tensor, "*#batch keys d"],
+    v: Float[Tensor, "*#batch keys d"],
+    temp_same: Float[Tensor, "*temps 2*d"],
+    temp_opp: Float[Tensor, "*temps 2*d"],
+    key_mask: Bool[Tensor, "*#batch keys"] | None = None,
+) -> Float[Tensor, "*#batch queries d"]:
     """Explicit weights `[..., Nq, Nk]` per stream; plain autograd. Inputs already in compute dtype."""
     half = v.shape[-1] // 2
-    q_same, q_opp = query_features(q, temp_same, temp_opp)
-    keys_t = key_features(k, key_mask).transpose(-1, -2)  # [..., 2d, Nk]
+    q_same, q_opp = query_feature_maps(q, temp_same, temp_opp)
+    keys_t = key_feature_map(k, key_mask).transpose(-1, -2)  # [..., 2d, Nk]
     outputs = []
     for q_feat, values in ((q_same, v[..., :half]), (q_opp, v[..., half:])):
         weights = q_feat @ keys_t  # [..., Nq, Nk], >= 0
@@ -180,6 +129,14 @@ def _gather_by_sign(grad: Tensor, positive: Tensor) -> Tensor:
     return torch.where(positive, grad[..., :d], grad[..., d:])
 
 
+@overload
+def _spiky_inplace(exponent: Tensor, for_backward: Literal[True]) -> tuple[Tensor, Tensor]: ...
+
+
+@overload
+def _spiky_inplace(exponent: Tensor, for_backward: Literal[False]) -> tuple[Tensor, None]: ...
+
+
 def _spiky_inplace(exponent: Tensor, for_backward: bool) -> tuple[Tensor, Tensor | None]:
     """`expm1(min(z, B))` written over `z`; with `for_backward`, also where the clamp is active."""
     clamped = exponent > EXPONENT_CLAMP if for_backward else None
@@ -213,22 +170,55 @@ def _temperature_grads(grad_pos: Tensor, grad_neg: Tensor) -> tuple[Tensor, Tens
     return grad_same, grad_opp
 
 
-def _query_features(x: Tensor, temp_pos: Tensor, temp_neg: Tensor, for_backward: bool = False):
+QuerySaved = tuple[Tensor, Tensor, Tensor, Tensor, Tensor]
+KeySaved = tuple[Tensor, Tensor, Tensor]
+
+
+@overload
+def _half_width_query_features(
+    x: Tensor, temp_pos: Tensor, temp_neg: Tensor, for_backward: Literal[True]
+) -> tuple[Tensor, QuerySaved]: ...
+
+
+@overload
+def _half_width_query_features(
+    x: Tensor, temp_pos: Tensor, temp_neg: Tensor, for_backward: Literal[False] = False
+) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, None, Tensor]]: ...
+
+
+def _half_width_query_features(
+    x: Tensor, temp_pos: Tensor, temp_neg: Tensor, for_backward: bool = False
+) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor]]:
     """Both streams' query features `[..., 2, n, 2d]` of `x` `[..., n, d]`, and what backward reuses:
     sign mask `[..., 1, n, d]`, `|x|`, per-element temperatures, clamp mask, half-width features
     (`[..., 2, n, d]` each)."""
     positive = (x > 0).unsqueeze(-3)
     magnitude = x.abs().unsqueeze(-3)
     temps = torch.where(positive, temp_pos, temp_neg)
-    half_features, clamped = _spiky_inplace(temps * magnitude, for_backward)
+    exponents = temps * magnitude
+    half_features, clamped = _spiky_inplace(exponents, True) if for_backward else _spiky_inplace(exponents, False)
     return _scatter_by_sign(half_features, positive), (positive, magnitude, temps, clamped, half_features)
 
 
-def _key_features(x: Tensor, visible: Tensor | None, for_backward: bool = False):
+@overload
+def _half_width_key_features(
+    x: Tensor, visible: Tensor | None, for_backward: Literal[True]
+) -> tuple[Tensor, KeySaved]: ...
+
+
+@overload
+def _half_width_key_features(
+    x: Tensor, visible: Tensor | None, for_backward: Literal[False] = False
+) -> tuple[Tensor, tuple[Tensor, None, Tensor]]: ...
+
+
+def _half_width_key_features(
+    x: Tensor, visible: Tensor | None, for_backward: bool = False
+) -> tuple[Tensor, tuple[Tensor, Tensor | None, Tensor]]:
     """Key features `[..., n, 2d]` (zero for masked keys) of `x` `[..., n, d]`, and what backward reuses:
     sign mask, clamp mask and (masked) half-width features, `[..., n, d]` each."""
     positive = x > 0
-    half_features, clamped = _spiky_inplace(x.abs(), for_backward)
+    half_features, clamped = _spiky_inplace(x.abs(), True) if for_backward else _spiky_inplace(x.abs(), False)
     if visible is not None:
         half_features = half_features.mul_(visible)
     return _scatter_by_sign(half_features, positive), (positive, clamped, half_features)
@@ -277,7 +267,7 @@ class _PolarityLinearAttention(torch.autograd.Function):
         key_stats = q.new_zeros(*k.shape[:-2], 2 * d, d + 1)
         for chunk in _chunks(k.shape[-2], _chunk_tokens(k)):
             visible = None if key_mask is None else key_mask[..., chunk, None].to(k.dtype)
-            keys, _ = _key_features(k[..., chunk, :], visible)
+            keys, _ = _half_width_key_features(k[..., chunk, :], visible)
             key_stats[..., :d] += keys.transpose(-1, -2) @ v[..., chunk, :]
             key_stats[..., d] += keys.sum(dim=-2)
 
@@ -285,7 +275,7 @@ class _PolarityLinearAttention(torch.autograd.Function):
         stats = _stream_stats(key_stats)
         out = q.new_empty(*q.shape[:-1], d)
         for chunk in _chunks(q.shape[-2], _chunk_tokens(q)):
-            features, _ = _query_features(q[..., chunk, :], temp_pos, temp_neg)
+            features, _ = _half_width_query_features(q[..., chunk, :], temp_pos, temp_neg)
             result, _ = _normalise(features @ stats)
             out[..., chunk, :] = _streams_to_channels(result)
 
@@ -293,7 +283,8 @@ class _PolarityLinearAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, *grad_outputs: Tensor):
+        (grad_out,) = grad_outputs
         q, k, v, temp_same, temp_opp, key_mask, key_stats = ctx.saved_tensors
         d = q.shape[-1]
         with torch.autocast(device_type=q.device.type, enabled=False):
@@ -309,7 +300,7 @@ class _PolarityLinearAttention(torch.autograd.Function):
             # Chunk temporaries are dropped (del) as soon as they are used: they set the peak memory.
             for chunk in _chunks(q.shape[-2], _chunk_tokens(q)):
                 x = q[..., chunk, :]
-                features, saved = _query_features(x, temp_pos, temp_neg, for_backward=True)
+                features, saved = _half_width_query_features(x, temp_pos, temp_neg, for_backward=True)
                 positive, magnitude, temps, clamped, half_features = saved
                 result, denominators = _normalise(features @ stats)  # [..., 2, n, d/2], [..., 2, n, 1]
                 grad_result = grad_out[..., chunk, :].unflatten(-1, (2, d // 2)).transpose(-3, -2)
@@ -339,7 +330,7 @@ class _PolarityLinearAttention(torch.autograd.Function):
             for chunk in _chunks(k.shape[-2], _chunk_tokens(k)):
                 x = k[..., chunk, :]
                 visible = None if key_mask is None else key_mask[..., chunk, None].to(k.dtype)
-                keys, (positive, clamped, half_features) = _key_features(x, visible, for_backward=True)
+                keys, (positive, clamped, half_features) = _half_width_key_features(x, visible, for_backward=True)
                 grad_v[..., chunk, :] = keys @ grad_kv
                 del keys
                 grad_keys = v[..., chunk, :] @ grad_kv.transpose(-1, -2) + grad_k_sum  # [..., n, 2d]
@@ -361,8 +352,13 @@ class _PolarityLinearAttention(torch.autograd.Function):
 
 
 def polarity_attention_linear(
-    q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor, key_mask: Tensor | None = None
-) -> Tensor:
+    q: Float[Tensor, "*#batch queries d"],
+    k: Float[Tensor, "*#batch keys d"],
+    v: Float[Tensor, "*#batch keys d"],
+    temp_same: Float[Tensor, "*temps 2*d"],
+    temp_opp: Float[Tensor, "*temps 2*d"],
+    key_mask: Bool[Tensor, "*#batch keys"] | None = None,
+) -> Float[Tensor, "*#batch queries d"]:
     """Linear form in PyTorch (memory-lean custom autograd). Inputs already in compute dtype."""
     return _PolarityLinearAttention.apply(q, k, v, temp_same, temp_opp, key_mask)
 
@@ -380,15 +376,6 @@ def resolve_form(form: str, num_queries: int, num_keys: int, head_dim: int) -> s
     return "quadratic" if num_queries * num_keys <= (num_queries + num_keys) * head_dim else "linear"
 
 
-def _check_shapes(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> None:
-    if q.shape[-1] != k.shape[-1] or k.shape[:-1] != v.shape[:-1] or v.shape[-1] != q.shape[-1]:
-        raise ValueError(f"expected q [..., Nq, d], k and v [..., Nk, d]; got {q.shape}, {k.shape}, {v.shape}")
-    if q.shape[-1] % 2:
-        raise ValueError(f"head dim must be even (two value halves), got {q.shape[-1]}")
-    if key_mask is not None and (key_mask.dtype != torch.bool or key_mask.shape[-1] != k.shape[-2]):
-        raise ValueError(f"key_mask must be bool [..., Nk={k.shape[-2]}], got {key_mask.dtype} {key_mask.shape}")
-
-
 def _triton_attention():
     """The fused CUDA kernel, if its module is importable (it is optional)."""
     try:
@@ -399,14 +386,14 @@ def _triton_attention():
 
 
 def polarity_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    temp_same: Tensor,
-    temp_opp: Tensor,
-    key_mask: Tensor | None = None,
+    q: Float[Tensor, "*#batch queries d"],
+    k: Float[Tensor, "*#batch keys d"],
+    v: Float[Tensor, "*#batch keys d"],
+    temp_same: Float[Tensor, "*temps 2*d"],
+    temp_opp: Float[Tensor, "*temps 2*d"],
+    key_mask: Bool[Tensor, "*#batch keys"] | None = None,
     form: Form = "auto",
-) -> Tensor:
+) -> Float[Tensor, "*#batch queries d"]:
     """Polarity-aware attention (PolaFormer++).
 
     Args:
@@ -421,27 +408,24 @@ def polarity_attention(
         `[..., Nq, d]` in the dtype of `q`: channels `[0, d/2)` are the same-sign stream,
         `[d/2, d)` the opposite-sign stream.
     """
-    _check_shapes(q, k, v, key_mask)
+    check_attention_shapes(q, k, v, key_mask)
     resolved = resolve_form(form, q.shape[-2], k.shape[-2], q.shape[-1])
     if resolved == "linear" and q.is_cuda:
         triton = _triton_attention()
         if triton is not None and triton[0](q):
             return triton[1](q, k, v, temp_same, temp_opp, key_mask)
 
-    compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    with torch.autocast(device_type=q.device.type, enabled=False):
-        inputs = [t.to(compute_dtype) for t in (q, k, v, temp_same, temp_opp)]
+    with compute_precision(q, k, v, temp_same, temp_opp) as (q_, k_, v_, temp_same_, temp_opp_):
+        inputs = (q_, k_, v_, temp_same_, temp_opp_)
         if resolved == "linear" and k.shape[-2] <= SHORT_SEQUENCE:
-            from pola_gnt.attention.short_linear import polarity_attention_short
-
-            out = polarity_attention_short(*inputs, key_mask)
+            out = polarity_attention_short(q_, k_, v_, temp_same_, temp_opp_, key_mask)
         elif resolved == "linear":
-            out = polarity_attention_linear(*inputs, key_mask)
+            out = polarity_attention_linear(q_, k_, v_, temp_same_, temp_opp_, key_mask)
         elif torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
             # Keep only the inputs for backward and recompute the feature maps and weights there:
             # stored, they are several times the size of q, k, v (GNT's view attention over
             # [points, heads, views, 2d] would hold ~2.4x the memory of GNT's own attention).
             out = checkpoint(polarity_attention_quadratic, *inputs, key_mask, use_reentrant=False)
         else:
-            out = polarity_attention_quadratic(*inputs, key_mask)
+            out = polarity_attention_quadratic(q_, k_, v_, temp_same_, temp_opp_, key_mask)
     return out.to(q.dtype)

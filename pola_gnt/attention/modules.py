@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from pola_gnt.attention.functional import polarity_attention
@@ -81,6 +82,20 @@ def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Ten
     return out * any_visible[..., None, None, :].to(out.dtype)
 
 
+class AttentionRecorder:
+    """Receives what the polarity-attention modules compute while it is set as their `recorder`
+    (`diagnostics.recording`): the heads-split q, k and key mask that each attention gets, and its
+    gate. Recording reads these tensors only; the model computes exactly as without it."""
+
+    def on_attention(
+        self, module: PolaAttentionBase, q: Tensor, k: Tensor, key_mask: Tensor | None
+    ) -> None:  # q [B, heads, Nq, d], k [B, heads, Nk, d], key_mask [B, Nk]
+        pass
+
+    def on_gate(self, module: PolaAttentionBase, gate: Tensor) -> None:  # [tokens, dim], detached
+        pass
+
+
 class PolaAttentionBase(nn.Module):
     """Shared by the pola view and ray modules: temperatures, gating, output projection.
 
@@ -97,23 +112,34 @@ class PolaAttentionBase(nn.Module):
         self.s1 = nn.Parameter(torch.zeros(heads, 2 * self.head_dim))
         self.s2 = nn.Parameter(torch.zeros(heads, 2 * self.head_dim))
         self.proj = nn.Linear(dim, dim)
-        self.record_gates = False  # set by diagnostics.capture_gates
-        self.last_gate: Tensor | None = None  # [tokens, dim], only while recording
+        self.recorder: AttentionRecorder | None = None  # set by diagnostics.recording
 
     def temperatures(self) -> tuple[Tensor, Tensor]:
         """`(temp_same, temp_opp)`, each `[heads, 2 * head_dim]`, values in (0, 1)."""
         return torch.sigmoid(self.s1), torch.sigmoid(self.s2)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
-        """Heads-split polarity attention: q `[..., heads, Nq, d]`, k, v `[..., heads, Nk, d]`."""
+    def _attend(
+        self,
+        q: Float[Tensor, "batch heads queries head_dim"],
+        k: Float[Tensor, "batch heads keys head_dim"],
+        v: Float[Tensor, "batch heads keys head_dim"],
+        key_mask: Bool[Tensor, "batch keys"] | None,
+    ) -> Float[Tensor, "batch heads queries head_dim"]:
+        """Heads-split polarity attention (told to the recorder, if any): q `[B, heads, Nq, d]`,
+        k, v `[B, heads, Nk, d]`, key_mask `[B, Nk]`."""
+        if self.recorder is not None:
+            self.recorder.on_attention(self, q, k, key_mask)
+        return self._polarity_attention(q, k, v, key_mask)
+
+    def _polarity_attention(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
         temp_same, temp_opp = self.temperatures()
         mask = None if key_mask is None else key_mask.unsqueeze(-2).expand(*k.shape[:-1])
         return polarity_attention(q, k, v, temp_same.unsqueeze(-2), temp_opp.unsqueeze(-2), mask)
 
-    def _gated_output(self, attended: Tensor, gate: Tensor) -> Tensor:
+    def _gated_output(self, attended: Float[Tensor, "*tokens dim"], gate: Float[Tensor, "*tokens dim"]) -> Tensor:
         """`proj(gate * attended)`; both `[..., dim]`."""
-        if self.record_gates:
-            self.last_gate = gate.detach().reshape(-1, self.dim)
+        if self.recorder is not None:
+            self.recorder.on_gate(self, gate.detach().reshape(-1, self.dim))
         return self.proj(gate * attended)
 
 
@@ -130,7 +156,13 @@ class PolaViewAttention(PolaAttentionBase):
         self.to_kv = nn.Linear(dim, 2 * dim)
         self.pos_fc = relative_direction_mlp(dim)
 
-    def forward(self, query: Tensor, view_tokens: Tensor, rel_dirs: Tensor, view_mask: Tensor) -> Tensor:
+    def forward(
+        self,
+        query: Float[Tensor, "points dim"],
+        view_tokens: Float[Tensor, "points views dim"],
+        rel_dirs: Float[Tensor, "points views 4"],
+        view_mask: Bool[Tensor, "points views"],
+    ) -> Float[Tensor, "points dim"]:
         q, gate = self.to_qg(query).chunk(2, dim=-1)  # [points, dim] each
         k, v = self.to_kv(view_tokens).chunk(2, dim=-1)  # [points, views, dim] each
         pos = self.pos_fc(rel_dirs)
@@ -139,7 +171,7 @@ class PolaViewAttention(PolaAttentionBase):
         attended = merge_heads(self._attend(q, k, v, view_mask)).squeeze(-2)  # [points, dim]
         return self._gated_output(attended, gate)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
+    def _polarity_attention(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
         """One query per point: the channel-wise view form. q `[points, heads, 1, d]`, k, v
         `[points, heads, views, d]` (views of `[points, views, heads, d]`: transposing back copies nothing)."""
         temp_same, temp_opp = self.temperatures()
@@ -159,7 +191,13 @@ class SoftmaxViewAttention(nn.Module):
         self.pos_fc = relative_direction_mlp(dim)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, query: Tensor, view_tokens: Tensor, rel_dirs: Tensor, view_mask: Tensor) -> Tensor:
+    def forward(
+        self,
+        query: Float[Tensor, "points dim"],
+        view_tokens: Float[Tensor, "points views dim"],
+        rel_dirs: Float[Tensor, "points views 4"],
+        view_mask: Bool[Tensor, "points views"],
+    ) -> Float[Tensor, "points dim"]:
         q = split_heads(self.to_q(query).unsqueeze(-2), self.heads)  # [points, heads, 1, head_dim]
         k, v = self.to_kv(view_tokens).chunk(2, dim=-1)
         pos = self.pos_fc(rel_dirs)
@@ -186,7 +224,13 @@ class SubtractionViewAttention(nn.Module):
         self.attn_fc = nn.Sequential(nn.Linear(dim, dim // 8), nn.ReLU(), nn.Linear(dim // 8, dim))
         self.out_fc = nn.Linear(dim, dim)
 
-    def forward(self, query: Tensor, view_tokens: Tensor, rel_dirs: Tensor, view_mask: Tensor) -> Tensor:
+    def forward(
+        self,
+        query: Float[Tensor, "points dim"],
+        view_tokens: Float[Tensor, "points views dim"],
+        rel_dirs: Float[Tensor, "points views 4"],
+        view_mask: Bool[Tensor, "points views"],
+    ) -> Float[Tensor, "points dim"]:
         q = self.to_q(query).unsqueeze(-2)  # [points, 1, dim]
         k, v = self.to_k(view_tokens), self.to_v(view_tokens)  # [points, views, dim]
         pos = self.pos_fc(rel_dirs)
@@ -213,10 +257,12 @@ class PolaRayAttention(PolaAttentionBase):
         # Locally-enhanced positional encoding: depthwise conv of v along the samples.
         self.lepe = nn.Conv1d(dim, dim, kernel_size=5, padding=2, groups=dim) if lepe else None
 
-    def forward(self, tokens: Tensor, sample_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, tokens: Float[Tensor, "rays samples dim"], sample_mask: Bool[Tensor, "rays samples"] | None = None
+    ) -> Float[Tensor, "rays samples dim"]:
         q, k, v, gate = self.to_qkvg(tokens).chunk(4, dim=-1)  # [rays, samples, dim] each
-        heads = [split_heads(x, self.heads) for x in (q, k, v)]  # [rays, heads, samples, head_dim]
-        attended = merge_heads(self._attend(*heads, sample_mask))  # [rays, samples, dim]
+        q_heads, k_heads, v_heads = (split_heads(x, self.heads) for x in (q, k, v))  # [rays, heads, samples, head_dim]
+        attended = merge_heads(self._attend(q_heads, k_heads, v_heads, sample_mask))  # [rays, samples, dim]
         if self.lepe is not None:
             if sample_mask is not None:
                 v = v * sample_mask.unsqueeze(-1).to(v.dtype)
@@ -234,7 +280,9 @@ class SoftmaxRayAttention(nn.Module):
         self.to_qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, tokens: Tensor, sample_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, tokens: Float[Tensor, "rays samples dim"], sample_mask: Bool[Tensor, "rays samples"] | None = None
+    ) -> Float[Tensor, "rays samples dim"]:
         q, k, v = (split_heads(x, self.heads) for x in self.to_qkv(tokens).chunk(3, dim=-1))
         return self.proj(merge_heads(masked_sdpa(q, k, v, sample_mask)))
 

@@ -11,7 +11,7 @@ and the query features are `expm1(temp_same * [q+, q-])` (same-sign stream) and
 `expm1(temp_opp * [q-, q+])` (opposite-sign stream, which pairs `q+` with `k-`). The parts are kept
 apart (rather than summing the signed `G` into one statistic) so that no sum over keys cancels: every weight is a sum of
 non-negative terms. Both streams share the key statistic `[k+ part, k- part]^T [v, 1]`.
-Numerics as in `functional`.
+Numerics as in `features`; the query features are `features.StackedQueryFeatures`.
 
 Memory: the custom autograd keeps the inputs, the key features and the key statistic; the query
 features are recomputed in backward. For long sequences use the chunked linear form in `functional`.
@@ -22,28 +22,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from pola_gnt.attention.functional import EPSILON, EXPONENT_CLAMP, expm1_
+from pola_gnt.attention.features import EPSILON, EXPONENT_CLAMP, StackedQueryFeatures, expm1_
 
 
-class _QueryFeatures:
-    """Both streams' query features `[..., 2 (stream), Nq, 2d]`, with columns in the order of the key
-    rows they meet (`k+` part, then `k-` part): same-sign `expm1(temp_same * [q+, q-])`, opposite-sign
-    `expm1(temp_opp * [q-, q+])`. Also what backward needs."""
-
-    def __init__(self, q: Tensor, temp_same: Tensor, temp_opp: Tensor):
-        d = q.shape[-1]
-        self.parts = q.new_empty(*q.shape[:-2], 2, q.shape[-2], 2 * d)
-        torch.clamp(q, min=0.0, out=self.parts[..., 0, :, :d])  # q+
-        torch.clamp(-q, min=0.0, out=self.parts[..., 0, :, d:])  # q-
-        self.parts[..., 1, :, :d] = self.parts[..., 0, :, d:]
-        self.parts[..., 1, :, d:] = self.parts[..., 0, :, :d]
-        self.temperatures = torch.stack(torch.broadcast_tensors(temp_same, temp_opp), dim=-3)  # [..., 2, 1, 2d]
-        exponents = self.parts * self.temperatures
-        self.unclamped = (exponents <= EXPONENT_CLAMP).to(q.dtype)
-        self.features = expm1_(exponents.clamp_(max=EXPONENT_CLAMP))
-
-
-def _key_features(k: Tensor, visible: Tensor | None) -> tuple[Tensor, Tensor]:
+def _key_part_features(k: Tensor, visible: Tensor | None) -> tuple[Tensor, Tensor]:
     """`[k+ part, k- part]` `[..., Nk, 2d]` (zero rows for masked keys) and `sign(k)`."""
     sign = torch.sign(k)
     keys = expm1_(k.abs().clamp_(max=EXPONENT_CLAMP)).mul_(0.5)
@@ -53,7 +35,7 @@ def _key_features(k: Tensor, visible: Tensor | None) -> tuple[Tensor, Tensor]:
     return torch.cat([keys + signed, keys - signed], dim=-1), sign
 
 
-def _stream_stats(key_stats: Tensor) -> Tensor:
+def _value_half_stats(key_stats: Tensor) -> Tensor:
     """`[..., 2d, d + 1]` = `[k+ part, k- part]^T [v, 1]` -> per stream `[..., 2, 2d, d/2 + 1]`.
 
     Each stream keeps its value half, then the sum.
@@ -64,8 +46,8 @@ def _stream_stats(key_stats: Tensor) -> Tensor:
     return torch.stack([same, opp], dim=-3)
 
 
-def _stream_stats_backward(grad: Tensor) -> Tensor:
-    """Adjoint of `_stream_stats`."""
+def _value_half_stats_backward(grad: Tensor) -> Tensor:
+    """Adjoint of `_value_half_stats`."""
     half = grad.shape[-1] - 1
     same, opp = grad.unbind(dim=-3)
     return torch.cat([same[..., :half], opp[..., :half], same[..., half:] + opp[..., half:]], dim=-1)
@@ -78,26 +60,27 @@ def _with_ones(v: Tensor) -> Tensor:
 class _ShortPolarityAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, temp_same, temp_opp, visible):
-        key_features, _ = _key_features(k, visible)
+        key_features, _ = _key_part_features(k, visible)
         key_stats = key_features.transpose(-1, -2) @ _with_ones(v)  # [..., 2d, d + 1]
-        queries = _QueryFeatures(q, temp_same, temp_opp)
-        result = queries.features @ _stream_stats(key_stats)  # [..., 2, Nq, d/2 + 1]
+        queries = StackedQueryFeatures(q, temp_same, temp_opp)
+        result = queries.features @ _value_half_stats(key_stats)  # [..., 2, Nq, d/2 + 1]
         out = result[..., :-1] / (result[..., -1:] + EPSILON)
         ctx.save_for_backward(q, k, v, temp_same, temp_opp, visible, key_features, key_stats, out)
         return out.transpose(-3, -2).flatten(-2)  # [..., Nq, d]: same-sign channels first
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, *grad_outputs: Tensor):
+        (grad_out,) = grad_outputs
         q, k, v, temp_same, temp_opp, visible, key_features, key_stats, out = ctx.saved_tensors
         d = q.shape[-1]
         with torch.autocast(device_type=q.device.type, enabled=False):
             grad_out = grad_out.to(q.dtype).unflatten(-1, (2, d // 2)).transpose(-3, -2)  # [..., 2, Nq, d/2]
-            queries = _QueryFeatures(q, temp_same, temp_opp)
-            stats = _stream_stats(key_stats)
+            queries = StackedQueryFeatures(q, temp_same, temp_opp)
+            stats = _value_half_stats(key_stats)
             denominators = (queries.features @ stats[..., -1:]) + EPSILON  # [..., 2, Nq, 1]
             # out = num / den: d num = g / den, d den = -(g . out) / den.
             grad_result = torch.cat([grad_out, -(grad_out * out).sum(dim=-1, keepdim=True)], dim=-1) / denominators
-            grad_key_stats = _stream_stats_backward(
+            grad_key_stats = _value_half_stats_backward(
                 queries.features.transpose(-1, -2) @ grad_result
             )  # [..., 2d, d + 1]
             grad_features = grad_result @ stats.transpose(-1, -2)  # [..., 2, Nq, 2d]

@@ -32,17 +32,15 @@ there, hence the local `_expm1`.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any, Protocol, no_type_check, runtime_checkable
 
 import torch
+import triton
+import triton.language as tl
 from torch import Tensor
 
-from pola_gnt.attention.functional import EPSILON, EXPONENT_CLAMP
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # triton is optional: the PyTorch path in `functional` covers every device
-    triton = None
+from pola_gnt.attention.features import EPSILON, EXPONENT_CLAMP, check_attention_shapes
 
 MAX_HEAD_DIM = 128
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -54,367 +52,393 @@ _MIN_BLOCK = 16
 def triton_supported(q: Tensor) -> bool:
     """Whether `polarity_attention_triton` can run for queries `q` `[..., Nq, d]`.
 
-    Needs triton, a CUDA tensor (or `TRITON_INTERPRET=1` for the CPU interpreter), an fp32/fp16/bf16
-    dtype and an even head dim up to `MAX_HEAD_DIM`.
+    Needs a CUDA tensor (or `TRITON_INTERPRET=1` for the CPU interpreter), an fp32/fp16/bf16 dtype
+    and an even head dim up to `MAX_HEAD_DIM`.
     """
-    if triton is None:
-        return False
     on_device = q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
     head_dim = q.shape[-1]
     return on_device and q.dtype in SUPPORTED_DTYPES and head_dim % 2 == 0 and 2 <= head_dim <= MAX_HEAD_DIM
 
 
-if triton is not None:
+@triton.jit
+@no_type_check  # compiled by triton from its source; not a Python call to check
+def _expm1(z):
+    """expm1 for z >= 0 (libdevice is unavailable in the interpreter): a degree-8 Taylor
+    polynomial below 0.5 (truncation error < 1e-8 relative), where `exp(z) - 1` would lose digits."""
+    taylor = 1.0 / 5040.0 + z * (1.0 / 40320.0)  # Horner, from the z^8 / 8! term down to z
+    taylor = 1.0 / 720.0 + z * taylor
+    taylor = 1.0 / 120.0 + z * taylor
+    taylor = 1.0 / 24.0 + z * taylor
+    taylor = 1.0 / 6.0 + z * taylor
+    taylor = 0.5 + z * taylor
+    taylor = z * (1.0 + z * taylor)
+    return tl.where(z < 0.5, taylor, tl.exp(z) - 1.0)
 
-    @triton.jit
-    def _expm1(z):
-        """expm1 for z >= 0 (libdevice is unavailable in the interpreter): a degree-8 Taylor
-        polynomial below 0.5 (truncation error < 1e-8 relative), where `exp(z) - 1` would lose digits."""
-        taylor = 1.0 / 5040.0 + z * (1.0 / 40320.0)  # Horner, from the z^8 / 8! term down to z
-        taylor = 1.0 / 720.0 + z * taylor
-        taylor = 1.0 / 120.0 + z * taylor
-        taylor = 1.0 / 24.0 + z * taylor
-        taylor = 1.0 / 6.0 + z * taylor
-        taylor = 0.5 + z * taylor
-        taylor = z * (1.0 + z * taylor)
-        return tl.where(z < 0.5, taylor, tl.exp(z) - 1.0)
 
-    @triton.jit
-    def _key_state_kernel(
-        k_ptr,  # [b, Nk, d]
-        v_ptr,  # [b, Nk, d]
-        mask_ptr,  # [b, Nk] uint8 (1 = key may be attended); unused without HAS_MASK
-        kv_part_ptr,  # [b, splits, 2, d, d] fp32
-        ksum_part_ptr,  # [b, splits, 2, d] fp32
-        num_keys,
-        blocks_per_split,
-        num_splits,
-        HEAD_DIM: tl.constexpr,
-        BOUND: tl.constexpr,
-        HAS_MASK: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        DOT_PRECISION: tl.constexpr,
-    ):
-        batch = tl.program_id(0)
-        split = tl.program_id(1)
-        polarity = tl.program_id(2)  # 0: K+ = features of relu(k), 1: K- = features of relu(-k)
-        sign = 1.0 - 2.0 * polarity
+@triton.jit
+@no_type_check  # compiled by triton from its source; not a Python call to check
+def _key_state_kernel(
+    k_ptr,  # [b, Nk, d]
+    v_ptr,  # [b, Nk, d]
+    mask_ptr,  # [b, Nk] uint8 (1 = key may be attended); unused without HAS_MASK
+    kv_part_ptr,  # [b, splits, 2, d, d] fp32
+    ksum_part_ptr,  # [b, splits, 2, d] fp32
+    num_keys,
+    blocks_per_split,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    BOUND: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    batch = tl.program_id(0)
+    split = tl.program_id(1)
+    polarity = tl.program_id(2)  # 0: K+ = features of relu(k), 1: K- = features of relu(-k)
+    sign = 1.0 - 2.0 * polarity
 
-        channels = tl.arange(0, BLOCK_D)
-        channel_ok = channels < HEAD_DIM
-        kv = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
-        ksum = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        token_base = batch.to(tl.int64) * num_keys
-        for block in range(0, blocks_per_split):
-            rows = (split * blocks_per_split + block) * BLOCK_N + tl.arange(0, BLOCK_N)
-            row_ok = rows < num_keys
-            if HAS_MASK:
-                row_ok = row_ok & (tl.load(mask_ptr + token_base + rows, mask=row_ok, other=0) != 0)
-            offsets = (token_base + rows)[:, None] * HEAD_DIM + channels[None, :]
-            tile_ok = row_ok[:, None] & channel_ok[None, :]
-            k = tl.load(k_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
-            v = tl.load(v_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
-            # Masked and padding keys load as 0, and expm1(0) = 0: they add nothing to either sum.
-            features = _expm1(tl.minimum(tl.maximum(sign * k, 0.0), BOUND))  # [BLOCK_N, BLOCK_D]
-            kv += tl.dot(tl.trans(features), v, input_precision=DOT_PRECISION)
-            ksum += tl.sum(features, axis=0)
+    channels = tl.arange(0, BLOCK_D)
+    channel_ok = channels < HEAD_DIM
+    kv = tl.zeros((BLOCK_D, BLOCK_D), dtype=tl.float32)
+    ksum = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    token_base = batch.to(tl.int64) * num_keys
+    for block in range(0, blocks_per_split):
+        rows = (split * blocks_per_split + block) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < num_keys
+        if HAS_MASK:
+            row_ok = row_ok & (tl.load(mask_ptr + token_base + rows, mask=row_ok, other=0) != 0)
+        offsets = (token_base + rows)[:, None] * HEAD_DIM + channels[None, :]
+        tile_ok = row_ok[:, None] & channel_ok[None, :]
+        k = tl.load(k_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
+        # Masked and padding keys load as 0, and expm1(0) = 0: they add nothing to either sum.
+        features = _expm1(tl.minimum(tl.maximum(sign * k, 0.0), BOUND))  # [BLOCK_N, BLOCK_D]
+        kv += tl.dot(tl.trans(features), v, input_precision=DOT_PRECISION)
+        ksum += tl.sum(features, axis=0)
 
-        state = (batch * num_splits + split) * 2 + polarity
-        tl.store(
-            kv_part_ptr + state.to(tl.int64) * HEAD_DIM * HEAD_DIM + channels[:, None] * HEAD_DIM + channels[None, :],
-            kv,
-            mask=channel_ok[:, None] & channel_ok[None, :],
+    state = (batch * num_splits + split) * 2 + polarity
+    tl.store(
+        kv_part_ptr + state.to(tl.int64) * HEAD_DIM * HEAD_DIM + channels[:, None] * HEAD_DIM + channels[None, :],
+        kv,
+        mask=channel_ok[:, None] & channel_ok[None, :],
+    )
+    tl.store(ksum_part_ptr + state.to(tl.int64) * HEAD_DIM + channels, ksum, mask=channel_ok)
+
+
+@triton.jit
+@no_type_check  # compiled by triton from its source; not a Python call to check
+def _query_exponents(q, temps_ptr, batch, stream, channels, channel_ok, HEAD_DIM: tl.constexpr):
+    """Exponent inputs of stream `stream`'s query features from a fp32 query tile `[rows, BLOCK_D]`.
+
+    Stream 0 (same sign) pairs x_a = q+ with K+ and x_b = q- with K-; stream 1 (opposite sign)
+    pairs x_a = q- with K+ and x_b = q+ with K-. Returns (x_a, x_b, z_a, z_b, t_a, t_b) with the
+    unclamped exponent inputs `z = t * x` and the temperatures `t` `[BLOCK_D]` (0 on padding).
+    """
+    sign = 1.0 - 2.0 * stream
+    x_a = tl.maximum(sign * q, 0.0)
+    x_b = tl.maximum(-sign * q, 0.0)
+    temp_base = temps_ptr + (batch.to(tl.int64) * 2 + stream) * 2 * HEAD_DIM
+    t_a = tl.load(temp_base + channels, mask=channel_ok, other=0.0)
+    t_b = tl.load(temp_base + HEAD_DIM + channels, mask=channel_ok, other=0.0)
+    return x_a, x_b, t_a[None, :] * x_a, t_b[None, :] * x_b, t_a, t_b
+
+
+@triton.jit
+@no_type_check  # compiled by triton from its source; not a Python call to check
+def _load_stream_state(
+    kv_ptr, ksum_ptr, batch, stream, channels, channel_ok, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr
+):
+    """The `[BLOCK_D, BLOCK_H]` columns of `kv[b, +]`, `kv[b, -]` for stream `stream`'s value half,
+    and `ksum[b, +]`, `ksum[b, -]` `[BLOCK_D]`."""
+    half: tl.constexpr = HEAD_DIM // 2
+    columns = tl.arange(0, BLOCK_H)
+    tile_ok = channel_ok[:, None] & (columns < half)[None, :]
+    offsets = channels[:, None] * HEAD_DIM + stream * half + columns[None, :]
+    pos_base = batch.to(tl.int64) * 2 * HEAD_DIM
+    neg_base = pos_base + HEAD_DIM
+    kv_pos = tl.load(kv_ptr + pos_base * HEAD_DIM + offsets, mask=tile_ok, other=0.0)
+    kv_neg = tl.load(kv_ptr + neg_base * HEAD_DIM + offsets, mask=tile_ok, other=0.0)
+    ksum_pos = tl.load(ksum_ptr + pos_base + channels, mask=channel_ok, other=0.0)
+    ksum_neg = tl.load(ksum_ptr + neg_base + channels, mask=channel_ok, other=0.0)
+    return kv_pos, kv_neg, ksum_pos, ksum_neg
+
+
+@triton.jit
+@no_type_check  # compiled by triton from its source; not a Python call to check
+def _output_kernel(
+    q_ptr,  # [b, Nq, d]
+    temps_ptr,  # [b, 2 streams, 2d] fp32
+    kv_ptr,  # [b, 2, d, d] fp32
+    ksum_ptr,  # [b, 2, d] fp32
+    out_ptr,  # [b, Nq, d]
+    den_ptr,  # [b, 2 streams, Nq] fp32
+    num_queries,
+    HEAD_DIM: tl.constexpr,
+    BOUND: tl.constexpr,
+    EPS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    batch = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < num_queries
+    channels = tl.arange(0, BLOCK_D)
+    channel_ok = channels < HEAD_DIM
+    token_base = batch.to(tl.int64) * num_queries
+    q = tl.load(
+        q_ptr + (token_base + rows)[:, None] * HEAD_DIM + channels[None, :],
+        mask=row_ok[:, None] & channel_ok[None, :],
+        other=0.0,
+    ).to(tl.float32)
+
+    half: tl.constexpr = HEAD_DIM // 2
+    columns = tl.arange(0, BLOCK_H)
+    for stream in tl.static_range(2):
+        _, _, z_a, z_b, _, _ = _query_exponents(q, temps_ptr, batch, stream, channels, channel_ok, HEAD_DIM)
+        feat_a = _expm1(tl.minimum(z_a, BOUND))
+        feat_b = _expm1(tl.minimum(z_b, BOUND))
+        kv_pos, kv_neg, ksum_pos, ksum_neg = _load_stream_state(
+            kv_ptr, ksum_ptr, batch, stream, channels, channel_ok, HEAD_DIM, BLOCK_H
         )
-        tl.store(ksum_part_ptr + state.to(tl.int64) * HEAD_DIM + channels, ksum, mask=channel_ok)
+        num = tl.dot(feat_a, kv_pos, input_precision=DOT_PRECISION)
+        num = tl.dot(feat_b, kv_neg, num, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_H]
+        den = tl.sum(feat_a * ksum_pos[None, :], axis=1) + tl.sum(feat_b * ksum_neg[None, :], axis=1) + EPS
+        out = num / den[:, None]
+        tl.store(
+            out_ptr + (token_base + rows)[:, None] * HEAD_DIM + stream * half + columns[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & (columns < half)[None, :],
+        )
+        tl.store(den_ptr + (batch.to(tl.int64) * 2 + stream) * num_queries + rows, den, mask=row_ok)
 
-    @triton.jit
-    def _query_features(q, temps_ptr, batch, stream, channels, channel_ok, HEAD_DIM: tl.constexpr):
-        """Exponent inputs of stream `stream`'s query features from a fp32 query tile `[rows, BLOCK_D]`.
 
-        Stream 0 (same sign) pairs x_a = q+ with K+ and x_b = q- with K-; stream 1 (opposite sign)
-        pairs x_a = q- with K+ and x_b = q+ with K-. Returns (x_a, x_b, z_a, z_b, t_a, t_b) with the
-        unclamped exponent inputs `z = t * x` and the temperatures `t` `[BLOCK_D]` (0 on padding).
-        """
-        sign = 1.0 - 2.0 * stream
-        x_a = tl.maximum(sign * q, 0.0)
-        x_b = tl.maximum(-sign * q, 0.0)
-        temp_base = temps_ptr + (batch.to(tl.int64) * 2 + stream) * 2 * HEAD_DIM
-        t_a = tl.load(temp_base + channels, mask=channel_ok, other=0.0)
-        t_b = tl.load(temp_base + HEAD_DIM + channels, mask=channel_ok, other=0.0)
-        return x_a, x_b, t_a[None, :] * x_a, t_b[None, :] * x_b, t_a, t_b
+@triton.jit
+@no_type_check  # compiled by triton from its source; not a Python call to check
+def _load_output_grads(
+    grad_out_ptr,
+    out_ptr,
+    den_ptr,
+    batch,
+    stream,
+    rows,
+    row_ok,
+    num_queries,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """For `out = num / den`: `d num = g / den` `[rows, BLOCK_H]` and `d den = -(g . out) / den`
+    `[rows]`, restricted to stream `stream`'s value half; zero on padding rows."""
+    half: tl.constexpr = HEAD_DIM // 2
+    columns = tl.arange(0, BLOCK_H)
+    tile_ok = row_ok[:, None] & (columns < half)[None, :]
+    offsets = (batch.to(tl.int64) * num_queries + rows)[:, None] * HEAD_DIM + stream * half + columns[None, :]
+    grad_out = tl.load(grad_out_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
+    out = tl.load(out_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
+    den = tl.load(den_ptr + (batch.to(tl.int64) * 2 + stream) * num_queries + rows, mask=row_ok, other=1.0)
+    grad_num = grad_out / den[:, None]
+    grad_den = -tl.sum(grad_out * out, axis=1) / den
+    return grad_num, grad_den
 
-    @triton.jit
-    def _load_stream_state(
-        kv_ptr, ksum_ptr, batch, stream, channels, channel_ok, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr
-    ):
-        """The `[BLOCK_D, BLOCK_H]` columns of `kv[b, +]`, `kv[b, -]` for stream `stream`'s value half,
-        and `ksum[b, +]`, `ksum[b, -]` `[BLOCK_D]`."""
-        half: tl.constexpr = HEAD_DIM // 2
-        columns = tl.arange(0, BLOCK_H)
-        tile_ok = channel_ok[:, None] & (columns < half)[None, :]
-        offsets = channels[:, None] * HEAD_DIM + stream * half + columns[None, :]
-        pos_base = batch.to(tl.int64) * 2 * HEAD_DIM
-        neg_base = pos_base + HEAD_DIM
-        kv_pos = tl.load(kv_ptr + pos_base * HEAD_DIM + offsets, mask=tile_ok, other=0.0)
-        kv_neg = tl.load(kv_ptr + neg_base * HEAD_DIM + offsets, mask=tile_ok, other=0.0)
-        ksum_pos = tl.load(ksum_ptr + pos_base + channels, mask=channel_ok, other=0.0)
-        ksum_neg = tl.load(ksum_ptr + neg_base + channels, mask=channel_ok, other=0.0)
-        return kv_pos, kv_neg, ksum_pos, ksum_neg
 
-    @triton.jit
-    def _output_kernel(
-        q_ptr,  # [b, Nq, d]
-        temps_ptr,  # [b, 2 streams, 2d] fp32
-        kv_ptr,  # [b, 2, d, d] fp32
-        ksum_ptr,  # [b, 2, d] fp32
-        out_ptr,  # [b, Nq, d]
-        den_ptr,  # [b, 2 streams, Nq] fp32
-        num_queries,
-        HEAD_DIM: tl.constexpr,
-        BOUND: tl.constexpr,
-        EPS: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        BLOCK_H: tl.constexpr,
-        DOT_PRECISION: tl.constexpr,
-    ):
-        batch = tl.program_id(0)
-        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+@triton.jit
+@no_type_check  # compiled by triton from its source; not a Python call to check
+def _query_state_grad_kernel(
+    q_ptr,  # [b, Nq, d]
+    temps_ptr,  # [b, 2 streams, 2d] fp32
+    grad_out_ptr,  # [b, Nq, d]
+    out_ptr,  # [b, Nq, d]
+    den_ptr,  # [b, 2 streams, Nq] fp32
+    grad_kv_part_ptr,  # [b, splits, 2 polarities, d, d] fp32; stream s writes value columns cols_s
+    grad_ksum_part_ptr,  # [b, splits, 2 streams, 2 polarities, d] fp32
+    num_queries,
+    blocks_per_split,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    BOUND: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """`d kv[+] = Qa^T d num`, `d kv[-] = Qb^T d num`, `d ksum[+] = sum_i d den_i Qa_i`, likewise
+    for `-`, summed over this split's queries."""
+    batch = tl.program_id(0)
+    split = tl.program_id(1)
+    stream = tl.program_id(2)
+    channels = tl.arange(0, BLOCK_D)
+    channel_ok = channels < HEAD_DIM
+    grad_kv_pos = tl.zeros((BLOCK_D, BLOCK_H), dtype=tl.float32)
+    grad_kv_neg = tl.zeros((BLOCK_D, BLOCK_H), dtype=tl.float32)
+    grad_ksum_pos = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    grad_ksum_neg = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    token_base = batch.to(tl.int64) * num_queries
+    for block in range(0, blocks_per_split):
+        rows = (split * blocks_per_split + block) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < num_queries
-        channels = tl.arange(0, BLOCK_D)
-        channel_ok = channels < HEAD_DIM
-        token_base = batch.to(tl.int64) * num_queries
         q = tl.load(
             q_ptr + (token_base + rows)[:, None] * HEAD_DIM + channels[None, :],
             mask=row_ok[:, None] & channel_ok[None, :],
             other=0.0,
         ).to(tl.float32)
+        _, _, z_a, z_b, _, _ = _query_exponents(q, temps_ptr, batch, stream, channels, channel_ok, HEAD_DIM)
+        feat_a = _expm1(tl.minimum(z_a, BOUND))
+        feat_b = _expm1(tl.minimum(z_b, BOUND))
+        grad_num, grad_den = _load_output_grads(
+            grad_out_ptr, out_ptr, den_ptr, batch, stream, rows, row_ok, num_queries, HEAD_DIM, BLOCK_H
+        )
+        grad_kv_pos = tl.dot(tl.trans(feat_a), grad_num, grad_kv_pos, input_precision=DOT_PRECISION)
+        grad_kv_neg = tl.dot(tl.trans(feat_b), grad_num, grad_kv_neg, input_precision=DOT_PRECISION)
+        grad_ksum_pos += tl.sum(feat_a * grad_den[:, None], axis=0)
+        grad_ksum_neg += tl.sum(feat_b * grad_den[:, None], axis=0)
 
-        half: tl.constexpr = HEAD_DIM // 2
-        columns = tl.arange(0, BLOCK_H)
-        for stream in tl.static_range(2):
-            _, _, z_a, z_b, _, _ = _query_features(q, temps_ptr, batch, stream, channels, channel_ok, HEAD_DIM)
-            feat_a = _expm1(tl.minimum(z_a, BOUND))
-            feat_b = _expm1(tl.minimum(z_b, BOUND))
-            kv_pos, kv_neg, ksum_pos, ksum_neg = _load_stream_state(
-                kv_ptr, ksum_ptr, batch, stream, channels, channel_ok, HEAD_DIM, BLOCK_H
-            )
-            num = tl.dot(feat_a, kv_pos, input_precision=DOT_PRECISION)
-            num = tl.dot(feat_b, kv_neg, num, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_H]
-            den = tl.sum(feat_a * ksum_pos[None, :], axis=1) + tl.sum(feat_b * ksum_neg[None, :], axis=1) + EPS
-            out = num / den[:, None]
-            tl.store(
-                out_ptr + (token_base + rows)[:, None] * HEAD_DIM + stream * half + columns[None, :],
-                out.to(out_ptr.dtype.element_ty),
-                mask=row_ok[:, None] & (columns < half)[None, :],
-            )
-            tl.store(den_ptr + (batch.to(tl.int64) * 2 + stream) * num_queries + rows, den, mask=row_ok)
+    half: tl.constexpr = HEAD_DIM // 2
+    columns = tl.arange(0, BLOCK_H)
+    tile_ok = channel_ok[:, None] & (columns < half)[None, :]
+    offsets = channels[:, None] * HEAD_DIM + stream * half + columns[None, :]
+    pos_state = ((batch * num_splits + split) * 2).to(tl.int64)
+    tl.store(grad_kv_part_ptr + pos_state * HEAD_DIM * HEAD_DIM + offsets, grad_kv_pos, mask=tile_ok)
+    tl.store(grad_kv_part_ptr + (pos_state + 1) * HEAD_DIM * HEAD_DIM + offsets, grad_kv_neg, mask=tile_ok)
+    ksum_state = (((batch * num_splits + split) * 2 + stream) * 2).to(tl.int64)
+    tl.store(grad_ksum_part_ptr + ksum_state * HEAD_DIM + channels, grad_ksum_pos, mask=channel_ok)
+    tl.store(grad_ksum_part_ptr + (ksum_state + 1) * HEAD_DIM + channels, grad_ksum_neg, mask=channel_ok)
 
-    @triton.jit
-    def _load_output_grads(
-        grad_out_ptr,
-        out_ptr,
-        den_ptr,
-        batch,
-        stream,
-        rows,
-        row_ok,
-        num_queries,
-        HEAD_DIM: tl.constexpr,
-        BLOCK_H: tl.constexpr,
-    ):
-        """For `out = num / den`: `d num = g / den` `[rows, BLOCK_H]` and `d den = -(g . out) / den`
-        `[rows]`, restricted to stream `stream`'s value half; zero on padding rows."""
-        half: tl.constexpr = HEAD_DIM // 2
-        columns = tl.arange(0, BLOCK_H)
-        tile_ok = row_ok[:, None] & (columns < half)[None, :]
-        offsets = (batch.to(tl.int64) * num_queries + rows)[:, None] * HEAD_DIM + stream * half + columns[None, :]
-        grad_out = tl.load(grad_out_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
-        out = tl.load(out_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
-        den = tl.load(den_ptr + (batch.to(tl.int64) * 2 + stream) * num_queries + rows, mask=row_ok, other=1.0)
-        grad_num = grad_out / den[:, None]
-        grad_den = -tl.sum(grad_out * out, axis=1) / den
-        return grad_num, grad_den
 
-    @triton.jit
-    def _query_state_grad_kernel(
-        q_ptr,  # [b, Nq, d]
-        temps_ptr,  # [b, 2 streams, 2d] fp32
-        grad_out_ptr,  # [b, Nq, d]
-        out_ptr,  # [b, Nq, d]
-        den_ptr,  # [b, 2 streams, Nq] fp32
-        grad_kv_part_ptr,  # [b, splits, 2 polarities, d, d] fp32; stream s writes value columns cols_s
-        grad_ksum_part_ptr,  # [b, splits, 2 streams, 2 polarities, d] fp32
-        num_queries,
-        blocks_per_split,
-        num_splits,
-        HEAD_DIM: tl.constexpr,
-        BOUND: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        BLOCK_H: tl.constexpr,
-        DOT_PRECISION: tl.constexpr,
-    ):
-        """`d kv[+] = Qa^T d num`, `d kv[-] = Qb^T d num`, `d ksum[+] = sum_i d den_i Qa_i`, likewise
-        for `-`, summed over this split's queries."""
-        batch = tl.program_id(0)
-        split = tl.program_id(1)
-        stream = tl.program_id(2)
-        channels = tl.arange(0, BLOCK_D)
-        channel_ok = channels < HEAD_DIM
-        grad_kv_pos = tl.zeros((BLOCK_D, BLOCK_H), dtype=tl.float32)
-        grad_kv_neg = tl.zeros((BLOCK_D, BLOCK_H), dtype=tl.float32)
-        grad_ksum_pos = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        grad_ksum_neg = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        token_base = batch.to(tl.int64) * num_queries
-        for block in range(0, blocks_per_split):
-            rows = (split * blocks_per_split + block) * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_ok = rows < num_queries
-            q = tl.load(
-                q_ptr + (token_base + rows)[:, None] * HEAD_DIM + channels[None, :],
-                mask=row_ok[:, None] & channel_ok[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            _, _, z_a, z_b, _, _ = _query_features(q, temps_ptr, batch, stream, channels, channel_ok, HEAD_DIM)
-            feat_a = _expm1(tl.minimum(z_a, BOUND))
-            feat_b = _expm1(tl.minimum(z_b, BOUND))
-            grad_num, grad_den = _load_output_grads(
-                grad_out_ptr, out_ptr, den_ptr, batch, stream, rows, row_ok, num_queries, HEAD_DIM, BLOCK_H
-            )
-            grad_kv_pos = tl.dot(tl.trans(feat_a), grad_num, grad_kv_pos, input_precision=DOT_PRECISION)
-            grad_kv_neg = tl.dot(tl.trans(feat_b), grad_num, grad_kv_neg, input_precision=DOT_PRECISION)
-            grad_ksum_pos += tl.sum(feat_a * grad_den[:, None], axis=0)
-            grad_ksum_neg += tl.sum(feat_b * grad_den[:, None], axis=0)
+@triton.jit
+@no_type_check  # compiled by triton from its source; not a Python call to check
+def _query_grad_kernel(
+    q_ptr,  # [b, Nq, d]
+    temps_ptr,  # [b, 2 streams, 2d] fp32
+    kv_ptr,  # [b, 2, d, d] fp32
+    ksum_ptr,  # [b, 2, d] fp32
+    grad_out_ptr,  # [b, Nq, d]
+    out_ptr,  # [b, Nq, d]
+    den_ptr,  # [b, 2 streams, Nq] fp32
+    grad_q_ptr,  # [b, Nq, d]
+    grad_temps_part_ptr,  # [b, query blocks, 2 streams, 2d] fp32
+    num_queries,
+    HEAD_DIM: tl.constexpr,
+    BOUND: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """`d Qa = d num kv[+]^T + d den ksum[+]` (likewise b), then through `expm1(min(t x, B))`:
+    d/dz = exp(z) below the clamp, 0 above; dz/dx = t (x = relu(+-q)), dz/dt = x."""
+    batch = tl.program_id(0)
+    query_block = tl.program_id(1)
+    rows = query_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < num_queries
+    channels = tl.arange(0, BLOCK_D)
+    channel_ok = channels < HEAD_DIM
+    offsets = (batch.to(tl.int64) * num_queries + rows)[:, None] * HEAD_DIM + channels[None, :]
+    tile_ok = row_ok[:, None] & channel_ok[None, :]
+    q = tl.load(q_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
 
-        half: tl.constexpr = HEAD_DIM // 2
-        columns = tl.arange(0, BLOCK_H)
-        tile_ok = channel_ok[:, None] & (columns < half)[None, :]
-        offsets = channels[:, None] * HEAD_DIM + stream * half + columns[None, :]
-        pos_state = ((batch * num_splits + split) * 2).to(tl.int64)
-        tl.store(grad_kv_part_ptr + pos_state * HEAD_DIM * HEAD_DIM + offsets, grad_kv_pos, mask=tile_ok)
-        tl.store(grad_kv_part_ptr + (pos_state + 1) * HEAD_DIM * HEAD_DIM + offsets, grad_kv_neg, mask=tile_ok)
-        ksum_state = (((batch * num_splits + split) * 2 + stream) * 2).to(tl.int64)
-        tl.store(grad_ksum_part_ptr + ksum_state * HEAD_DIM + channels, grad_ksum_pos, mask=channel_ok)
-        tl.store(grad_ksum_part_ptr + (ksum_state + 1) * HEAD_DIM + channels, grad_ksum_neg, mask=channel_ok)
+    grad_q = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for stream in tl.static_range(2):
+        x_a, x_b, z_a, z_b, t_a, t_b = _query_exponents(q, temps_ptr, batch, stream, channels, channel_ok, HEAD_DIM)
+        kv_pos, kv_neg, ksum_pos, ksum_neg = _load_stream_state(
+            kv_ptr, ksum_ptr, batch, stream, channels, channel_ok, HEAD_DIM, BLOCK_H
+        )
+        grad_num, grad_den = _load_output_grads(
+            grad_out_ptr, out_ptr, den_ptr, batch, stream, rows, row_ok, num_queries, HEAD_DIM, BLOCK_H
+        )
+        grad_feat_a = tl.dot(grad_num, tl.trans(kv_pos), input_precision=DOT_PRECISION)
+        grad_feat_a += grad_den[:, None] * ksum_pos[None, :]
+        grad_feat_b = tl.dot(grad_num, tl.trans(kv_neg), input_precision=DOT_PRECISION)
+        grad_feat_b += grad_den[:, None] * ksum_neg[None, :]
+        # Gradients w.r.t. the exponent inputs z = t * x.
+        grad_z_a = tl.where(z_a <= BOUND, grad_feat_a * tl.exp(tl.minimum(z_a, BOUND)), 0.0)
+        grad_z_b = tl.where(z_b <= BOUND, grad_feat_b * tl.exp(tl.minimum(z_b, BOUND)), 0.0)
 
-    @triton.jit
-    def _query_grad_kernel(
-        q_ptr,  # [b, Nq, d]
-        temps_ptr,  # [b, 2 streams, 2d] fp32
-        kv_ptr,  # [b, 2, d, d] fp32
-        ksum_ptr,  # [b, 2, d] fp32
-        grad_out_ptr,  # [b, Nq, d]
-        out_ptr,  # [b, Nq, d]
-        den_ptr,  # [b, 2 streams, Nq] fp32
-        grad_q_ptr,  # [b, Nq, d]
-        grad_temps_part_ptr,  # [b, query blocks, 2 streams, 2d] fp32
-        num_queries,
-        HEAD_DIM: tl.constexpr,
-        BOUND: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        BLOCK_H: tl.constexpr,
-        DOT_PRECISION: tl.constexpr,
-    ):
-        """`d Qa = d num kv[+]^T + d den ksum[+]` (likewise b), then through `expm1(min(t x, B))`:
-        d/dz = exp(z) below the clamp, 0 above; dz/dx = t (x = relu(+-q)), dz/dt = x."""
-        batch = tl.program_id(0)
-        query_block = tl.program_id(1)
-        rows = query_block * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < num_queries
-        channels = tl.arange(0, BLOCK_D)
-        channel_ok = channels < HEAD_DIM
-        offsets = (batch.to(tl.int64) * num_queries + rows)[:, None] * HEAD_DIM + channels[None, :]
-        tile_ok = row_ok[:, None] & channel_ok[None, :]
-        q = tl.load(q_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
+        temp_row = (batch.to(tl.int64) * tl.num_programs(1) + query_block) * 2 + stream
+        temp_grads = grad_temps_part_ptr + temp_row * 2 * HEAD_DIM
+        tl.store(temp_grads + channels, tl.sum(grad_z_a * x_a, axis=0), mask=channel_ok)
+        tl.store(temp_grads + HEAD_DIM + channels, tl.sum(grad_z_b * x_b, axis=0), mask=channel_ok)
 
-        grad_q = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-        for stream in tl.static_range(2):
-            x_a, x_b, z_a, z_b, t_a, t_b = _query_features(q, temps_ptr, batch, stream, channels, channel_ok, HEAD_DIM)
-            kv_pos, kv_neg, ksum_pos, ksum_neg = _load_stream_state(
-                kv_ptr, ksum_ptr, batch, stream, channels, channel_ok, HEAD_DIM, BLOCK_H
-            )
-            grad_num, grad_den = _load_output_grads(
-                grad_out_ptr, out_ptr, den_ptr, batch, stream, rows, row_ok, num_queries, HEAD_DIM, BLOCK_H
-            )
-            grad_feat_a = tl.dot(grad_num, tl.trans(kv_pos), input_precision=DOT_PRECISION)
-            grad_feat_a += grad_den[:, None] * ksum_pos[None, :]
-            grad_feat_b = tl.dot(grad_num, tl.trans(kv_neg), input_precision=DOT_PRECISION)
-            grad_feat_b += grad_den[:, None] * ksum_neg[None, :]
-            # Gradients w.r.t. the exponent inputs z = t * x.
-            grad_z_a = tl.where(z_a <= BOUND, grad_feat_a * tl.exp(tl.minimum(z_a, BOUND)), 0.0)
-            grad_z_b = tl.where(z_b <= BOUND, grad_feat_b * tl.exp(tl.minimum(z_b, BOUND)), 0.0)
+        # x_a = relu(sign q), x_b = relu(-sign q); relu passes gradient only where its input > 0.
+        sign = 1.0 - 2.0 * stream
+        grad_x_a = tl.where(x_a > 0.0, grad_z_a * t_a[None, :], 0.0)
+        grad_x_b = tl.where(x_b > 0.0, grad_z_b * t_b[None, :], 0.0)
+        grad_q += sign * (grad_x_a - grad_x_b)
 
-            temp_row = (batch.to(tl.int64) * tl.num_programs(1) + query_block) * 2 + stream
-            temp_grads = grad_temps_part_ptr + temp_row * 2 * HEAD_DIM
-            tl.store(temp_grads + channels, tl.sum(grad_z_a * x_a, axis=0), mask=channel_ok)
-            tl.store(temp_grads + HEAD_DIM + channels, tl.sum(grad_z_b * x_b, axis=0), mask=channel_ok)
+    tl.store(grad_q_ptr + offsets, grad_q.to(grad_q_ptr.dtype.element_ty), mask=tile_ok)
 
-            # x_a = relu(sign q), x_b = relu(-sign q); relu passes gradient only where its input > 0.
-            sign = 1.0 - 2.0 * stream
-            grad_x_a = tl.where(x_a > 0.0, grad_z_a * t_a[None, :], 0.0)
-            grad_x_b = tl.where(x_b > 0.0, grad_z_b * t_b[None, :], 0.0)
-            grad_q += sign * (grad_x_a - grad_x_b)
 
-        tl.store(grad_q_ptr + offsets, grad_q.to(grad_q_ptr.dtype.element_ty), mask=tile_ok)
+@triton.jit
+@no_type_check  # compiled by triton from its source; not a Python call to check
+def _key_grad_kernel(
+    k_ptr,  # [b, Nk, d]
+    v_ptr,  # [b, Nk, d]
+    mask_ptr,  # [b, Nk] uint8; unused without HAS_MASK
+    grad_kv_ptr,  # [b, 2, d, d] fp32
+    grad_ksum_ptr,  # [b, 2, d] fp32
+    grad_k_ptr,  # [b, Nk, d]
+    grad_v_ptr,  # [b, Nk, d]
+    num_keys,
+    HEAD_DIM: tl.constexpr,
+    BOUND: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """For each polarity p: `d K_p = v d kv[p]^T + d ksum[p]`, `dv += K_p d kv[p]`, and
+    `dk += +-d K_p exp(x)` where `x = relu(+-k) <= B` (masked keys: features 0, gradients 0)."""
+    batch = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < num_keys
+    channels = tl.arange(0, BLOCK_D)
+    channel_ok = channels < HEAD_DIM
+    token_base = batch.to(tl.int64) * num_keys
+    offsets = (token_base + rows)[:, None] * HEAD_DIM + channels[None, :]
+    store_ok = row_ok[:, None] & channel_ok[None, :]
+    if HAS_MASK:
+        row_ok = row_ok & (tl.load(mask_ptr + token_base + rows, mask=row_ok, other=0) != 0)
+    tile_ok = row_ok[:, None] & channel_ok[None, :]
+    k = tl.load(k_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
 
-    @triton.jit
-    def _key_grad_kernel(
-        k_ptr,  # [b, Nk, d]
-        v_ptr,  # [b, Nk, d]
-        mask_ptr,  # [b, Nk] uint8; unused without HAS_MASK
-        grad_kv_ptr,  # [b, 2, d, d] fp32
-        grad_ksum_ptr,  # [b, 2, d] fp32
-        grad_k_ptr,  # [b, Nk, d]
-        grad_v_ptr,  # [b, Nk, d]
-        num_keys,
-        HEAD_DIM: tl.constexpr,
-        BOUND: tl.constexpr,
-        HAS_MASK: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        DOT_PRECISION: tl.constexpr,
-    ):
-        """For each polarity p: `d K_p = v d kv[p]^T + d ksum[p]`, `dv += K_p d kv[p]`, and
-        `dk += +-d K_p exp(x)` where `x = relu(+-k) <= B` (masked keys: features 0, gradients 0)."""
-        batch = tl.program_id(0)
-        rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        row_ok = rows < num_keys
-        channels = tl.arange(0, BLOCK_D)
-        channel_ok = channels < HEAD_DIM
-        token_base = batch.to(tl.int64) * num_keys
-        offsets = (token_base + rows)[:, None] * HEAD_DIM + channels[None, :]
-        store_ok = row_ok[:, None] & channel_ok[None, :]
-        if HAS_MASK:
-            row_ok = row_ok & (tl.load(mask_ptr + token_base + rows, mask=row_ok, other=0) != 0)
-        tile_ok = row_ok[:, None] & channel_ok[None, :]
-        k = tl.load(k_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
+    state_offsets = channels[:, None] * HEAD_DIM + channels[None, :]
+    state_ok = channel_ok[:, None] & channel_ok[None, :]
+    grad_k = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    grad_v = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    for polarity in tl.static_range(2):
+        sign = 1.0 - 2.0 * polarity
+        x = tl.maximum(sign * k, 0.0)  # masked keys load k = 0, so x = 0 and nothing flows back
+        z = tl.minimum(x, BOUND)
+        features = _expm1(z)
+        state = batch.to(tl.int64) * 2 + polarity
+        grad_kv = tl.load(grad_kv_ptr + state * HEAD_DIM * HEAD_DIM + state_offsets, mask=state_ok, other=0.0)
+        grad_ksum = tl.load(grad_ksum_ptr + state * HEAD_DIM + channels, mask=channel_ok, other=0.0)
+        grad_features = tl.dot(v, tl.trans(grad_kv), input_precision=DOT_PRECISION) + grad_ksum[None, :]
+        grad_v = tl.dot(features, grad_kv, grad_v, input_precision=DOT_PRECISION)
+        passes = (x > 0.0) & (x <= BOUND) & tile_ok
+        grad_k += sign * tl.where(passes, grad_features * tl.exp(z), 0.0)
 
-        state_offsets = channels[:, None] * HEAD_DIM + channels[None, :]
-        state_ok = channel_ok[:, None] & channel_ok[None, :]
-        grad_k = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-        grad_v = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-        for polarity in tl.static_range(2):
-            sign = 1.0 - 2.0 * polarity
-            x = tl.maximum(sign * k, 0.0)  # masked keys load k = 0, so x = 0 and nothing flows back
-            z = tl.minimum(x, BOUND)
-            features = _expm1(z)
-            state = batch.to(tl.int64) * 2 + polarity
-            grad_kv = tl.load(grad_kv_ptr + state * HEAD_DIM * HEAD_DIM + state_offsets, mask=state_ok, other=0.0)
-            grad_ksum = tl.load(grad_ksum_ptr + state * HEAD_DIM + channels, mask=channel_ok, other=0.0)
-            grad_features = tl.dot(v, tl.trans(grad_kv), input_precision=DOT_PRECISION) + grad_ksum[None, :]
-            grad_v = tl.dot(features, grad_kv, grad_v, input_precision=DOT_PRECISION)
-            passes = (x > 0.0) & (x <= BOUND) & tile_ok
-            grad_k += sign * tl.where(passes, grad_features * tl.exp(z), 0.0)
-
-        tl.store(grad_k_ptr + offsets, grad_k.to(grad_k_ptr.dtype.element_ty), mask=store_ok)
-        tl.store(grad_v_ptr + offsets, grad_v.to(grad_v_ptr.dtype.element_ty), mask=store_ok)
+    tl.store(grad_k_ptr + offsets, grad_k.to(grad_k_ptr.dtype.element_ty), mask=store_ok)
+    tl.store(grad_v_ptr + offsets, grad_v.to(grad_v_ptr.dtype.element_ty), mask=store_ok)
 
 
 # --------------------------------------------------------------------------------------------------
 # Launch configuration
+
+
+@runtime_checkable
+class _Kernel(Protocol):
+    """A `@triton.jit` kernel (compiled, or interpreted with `TRITON_INTERPRET=1`): `kernel[grid]` launches it."""
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., object]: ...
+
+
+def _launch(kernel: _Kernel, grid: tuple[int, ...], *args: Any, **options: Any) -> None:
+    """`kernel[grid](*args, **options)`. Triton's launcher takes launch options (`num_warps`) besides
+    the kernel's own parameters, which the type of its `__getitem__` (the kernel's) does not show."""
+    kernel[grid](*args, **options)
 
 
 class _Config:
@@ -466,7 +490,7 @@ class _PolarityAttentionTriton(torch.autograd.Function):
         den = torch.empty(batch, 2, num_queries, device=q.device, dtype=torch.float32)
         if batch * num_queries > 0:
             grid = (batch, triton.cdiv(num_queries, cfg.block_rows))
-            _output_kernel[grid](
+            _launch(_output_kernel, grid,
                 q, temps, kv, ksum, out, den, num_queries,
                 HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, EPS=EPSILON, BLOCK_M=cfg.block_rows,
                 BLOCK_D=cfg.block_d, BLOCK_H=cfg.block_h, DOT_PRECISION=cfg.dot_precision,
@@ -477,7 +501,8 @@ class _PolarityAttentionTriton(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):
+    def backward(ctx, *grad_outputs: Tensor):
+        (grad_out,) = grad_outputs
         q, k, v, temps, mask, kv, ksum, out, den = ctx.saved_tensors
         cfg: _Config = ctx.cfg
         batch, num_queries, head_dim = q.shape
@@ -495,8 +520,20 @@ class _PolarityAttentionTriton(torch.autograd.Function):
             grad_q = torch.empty_like(q)
             grad_temps_part = torch.zeros(batch, query_blocks, 2, 2 * head_dim, device=q.device, dtype=torch.float32)
             if batch * num_queries > 0:
-                _query_grad_kernel[(batch, query_blocks)](
-                    q, temps, kv, ksum, grad_out, out, den, grad_q, grad_temps_part, num_queries, **launch
+                _launch(
+                    _query_grad_kernel,
+                    (batch, query_blocks),
+                    q,
+                    temps,
+                    kv,
+                    ksum,
+                    grad_out,
+                    out,
+                    den,
+                    grad_q,
+                    grad_temps_part,
+                    num_queries,
+                    **launch,
                 )
             grad_temps = grad_temps_part.sum(dim=1)
 
@@ -505,7 +542,7 @@ class _PolarityAttentionTriton(torch.autograd.Function):
             grad_kv_part = torch.zeros(batch, splits, 2, head_dim, head_dim, device=q.device, dtype=torch.float32)
             grad_ksum_part = torch.zeros(batch, splits, 2, 2, head_dim, device=q.device, dtype=torch.float32)
             if batch * num_queries > 0:
-                _query_state_grad_kernel[(batch, splits, 2)](
+                _launch(_query_state_grad_kernel, (batch, splits, 2),
                     q, temps, grad_out, out, den, grad_kv_part, grad_ksum_part,
                     num_queries, blocks_per_split, splits, **launch,
                 )  # fmt: skip
@@ -514,7 +551,7 @@ class _PolarityAttentionTriton(torch.autograd.Function):
             grad_k = torch.empty_like(k)
             grad_v = torch.empty_like(v)
             if batch * num_keys > 0:
-                _key_grad_kernel[(batch, triton.cdiv(num_keys, cfg.block_rows))](
+                _launch(_key_grad_kernel, (batch, triton.cdiv(num_keys, cfg.block_rows)),
                     k, v, _mask_or_dummy(mask, k), grad_kv, grad_ksum, grad_k, grad_v, num_keys,
                     HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, HAS_MASK=mask is not None,
                     BLOCK_N=cfg.block_rows, BLOCK_D=cfg.block_d, DOT_PRECISION=cfg.dot_precision,
@@ -536,7 +573,7 @@ def _key_state(k: Tensor, v: Tensor, mask: Tensor | None, cfg: _Config) -> tuple
     kv_part = torch.zeros(batch, splits, 2, head_dim, head_dim, device=k.device, dtype=torch.float32)
     ksum_part = torch.zeros(batch, splits, 2, head_dim, device=k.device, dtype=torch.float32)
     if batch * num_keys > 0:
-        _key_state_kernel[(batch, splits, 2)](
+        _launch(_key_state_kernel, (batch, splits, 2),
             k, v, _mask_or_dummy(mask, k), kv_part, ksum_part, num_keys, blocks_per_split, splits,
             HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, HAS_MASK=mask is not None, BLOCK_N=cfg.block_rows,
             BLOCK_D=cfg.block_d, DOT_PRECISION=cfg.dot_precision, num_warps=cfg.num_warps,
@@ -567,19 +604,12 @@ def polarity_attention_triton(
     Returns:
         `[..., Nq, d]` in q's dtype; differentiable w.r.t. q, k, v and both temperatures.
     """
-    if triton is None:
-        raise RuntimeError("polarity_attention_triton needs triton, which is not installed")
+    check_attention_shapes(q, k, v, key_mask)
     head_dim = q.shape[-1]
-    if q.dim() < 2 or k.dim() < 2 or k.shape[-1] != head_dim or v.shape[:-1] != k.shape[:-1] or v.shape[-1] != head_dim:
-        shapes = f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        raise ValueError(f"expected q [..., Nq, d], k and v [..., Nk, d]; got {shapes}")
-    if head_dim % 2 or not 2 <= head_dim <= MAX_HEAD_DIM:
+    if head_dim > MAX_HEAD_DIM:
         raise ValueError(f"head dim must be even and in [2, {MAX_HEAD_DIM}], got {head_dim}")
     if q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"q dtype must be one of {SUPPORTED_DTYPES}, got {q.dtype}")
-    if key_mask is not None and (key_mask.dtype != torch.bool or key_mask.shape[-1] != k.shape[-2]):
-        got = f"{key_mask.dtype} {tuple(key_mask.shape)}"
-        raise ValueError(f"key_mask must be bool [..., Nk={k.shape[-2]}], got {got}")
 
     num_queries, num_keys = q.shape[-2], k.shape[-2]
     batch_dims = [q.shape[:-2], k.shape[:-2]] + ([key_mask.shape[:-1]] if key_mask is not None else [])

@@ -18,16 +18,25 @@ so which side of the sign test it falls on does not matter. Layout: heads stay i
 Memory: the custom autograd keeps its inputs, the weights and the output, and recomputes the
 features in backward (GNT's subtraction attention keeps several `[points, views, width]` tensors for
 its backward).
-Numerics as in `functional`: fp32 (or fp64) with autocast off, exponent inputs clamped at
-`EXPONENT_CLAMP`, `EPSILON` on each stream's denominator.
+Numerics as in `features`: fp32 (or fp64) with autocast off, exponent inputs clamped at
+`EXPONENT_CLAMP`, `EPSILON` on each stream's denominator. The query terms: `features.PointQueryTerms`.
 """
 
 from __future__ import annotations
 
 import torch
+from jaxtyping import Bool, Float
 from torch import Tensor
 
-from pola_gnt.attention.functional import EPSILON, EXPONENT_CLAMP, expm1_
+from pola_gnt.attention.features import (
+    EPSILON,
+    EXPONENT_CLAMP,
+    PointQueryTerms,
+    check_even_head_dim,
+    compute_precision,
+    expm1_,
+    sign_parts,
+)
 
 # Layout. Heads stay in place: `q [P, heads, d]`, `k, v [P, views, heads, d]` (`dim = heads * d`). Both
 # streams' per-point query terms are `[P, 2 (stream), heads, d]`. Per-point products that mix views with
@@ -64,35 +73,6 @@ def _value_block_diagonal(x: Tensor) -> Tensor:
     return blocks.view(points, 2 * heads, heads * d)
 
 
-def _sign_parts(sign: Tensor) -> tuple[Tensor, Tensor]:
-    """0/1 factors `[sign > 0]`, `[sign < 0]` from `sign` in {-1, 0, 1} (exact selections by multiplying)."""
-    return sign.clamp(min=0.0), (-sign).clamp_(min=0.0)
-
-
-class _QueryTerms:
-    """Per point, `F = [Fs, Fo]` `[P, 2, heads, d]`, and the coefficients that the `k+` and the `k-`
-    part of each key channel meet: same-sign stream `Fs [q > 0]` and `Fs [q < 0]`, opposite-sign
-    stream `Fo [q < 0]` and `Fo [q > 0]`. Selections multiply by exact 0/1 factors, so no sum cancels."""
-
-    def __init__(self, q: Tensor, temp_same: Tensor, temp_opp: Tensor):
-        d = q.shape[-1]
-        self.sign = torch.sign(q)
-        self.magnitude = q.abs()
-        positive, negative = _sign_parts(self.sign)
-        # Temperature of the non-zero part of each channel: same-sign q+ -> temp_same[:d], q- -> [d:];
-        # opposite-sign q+ -> temp_opp[d:], q- -> temp_opp[:d].
-        temp_s = temp_same[..., d:] + positive * (temp_same[..., :d] - temp_same[..., d:])
-        temp_o = temp_opp[..., :d] + positive * (temp_opp[..., d:] - temp_opp[..., :d])
-        self.temperatures = torch.stack(torch.broadcast_tensors(temp_s, temp_o), dim=1)  # [P, 2, heads, d]
-        exponents = self.temperatures * self.magnitude.unsqueeze(1)
-        self.unclamped = (exponents <= EXPONENT_CLAMP).to(q.dtype)
-        self.features = expm1_(exponents.clamp_(max=EXPONENT_CLAMP))
-        self.meets_plus = torch.stack([positive, negative], dim=1)  # [P, 2, heads, d]: 1 where the k+ part counts
-        self.meets_minus = torch.stack([negative, positive], dim=1)
-        self.plus = self.features * self.meets_plus
-        self.minus = self.features * self.meets_minus
-
-
 def _key_parts(k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """`K = expm1(min(|k|, B))` split into its `k+` and `k-` parts (`[P, views, heads, d]` each), and `sign(k)`."""
     sign = torch.sign(k)
@@ -101,7 +81,7 @@ def _key_parts(k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return plus, keys.sub_(plus), sign
 
 
-def _weights(keys_plus: Tensor, keys_minus: Tensor, terms: _QueryTerms) -> Tensor:
+def _weights(keys_plus: Tensor, keys_minus: Tensor, terms: PointQueryTerms) -> Tensor:
     """Unnormalised weights `[P, views, 2 * heads]` (stream-major) of every view: per point,
     `K+ @ blocks(plus)^T + K- @ blocks(minus)^T` sums each head's channels."""
     points, views, heads, d = keys_plus.shape
@@ -125,7 +105,7 @@ class _PolarityViewAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, temp_same, temp_opp, visible):
         points, views, heads, d = k.shape
         keys_plus, keys_minus, _ = _key_parts(k)
-        weights = _weights(keys_plus, keys_minus, _QueryTerms(q, temp_same, temp_opp))
+        weights = _weights(keys_plus, keys_minus, PointQueryTerms(q, temp_same, temp_opp))
         if visible is not None:
             weights = weights.mul_(visible)  # [P, views, 1]
         attention = weights / (weights.sum(dim=1, keepdim=True) + EPSILON)
@@ -136,7 +116,8 @@ class _PolarityViewAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, *grad_outputs: Tensor):
+        (grad_out,) = grad_outputs
         q, k, v, temp_same, temp_opp, visible, weights, out = ctx.saved_tensors
         points, views, heads, d = k.shape
         with torch.autocast(device_type=q.device.type, enabled=False):
@@ -158,7 +139,7 @@ class _PolarityViewAttention(torch.autograd.Function):
                 grad_weights = grad_weights.mul_(visible)
 
             # w = sum_c (K+ plus + K- minus) per (stream, head); K+ = K [k > 0], K- = K [k < 0].
-            terms = _QueryTerms(q, temp_same, temp_opp)
+            terms = PointQueryTerms(q, temp_same, temp_opp)
             keys_plus, keys_minus, sign_k = _key_parts(k)
             grad_plus = torch.bmm(grad_weights, _block_diagonal(terms.plus)).view_as(k)
             grad_minus = torch.bmm(grad_weights, _block_diagonal(terms.minus)).view_as(k)
@@ -177,7 +158,7 @@ class _PolarityViewAttention(torch.autograd.Function):
             grad_temp_same = grad_temp_opp = None
             if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
                 slopes = grad_exponents * terms.magnitude.unsqueeze(1)  # [P, 2, heads, d]
-                positive, _ = _sign_parts(terms.sign)
+                positive, _ = sign_parts(terms.sign)
                 on_positive = (slopes * positive.unsqueeze(1)).sum(dim=0)  # [2, heads, d]
                 on_negative = slopes.sum(dim=0) - on_positive
                 grad_temp_same = torch.cat([on_positive[0], on_negative[0]], dim=-1).sum_to_size(temp_same.shape)
@@ -186,13 +167,13 @@ class _PolarityViewAttention(torch.autograd.Function):
 
 
 def polarity_view_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    temp_same: Tensor,
-    temp_opp: Tensor,
-    key_mask: Tensor | None = None,
-) -> Tensor:
+    q: Float[Tensor, "*batch heads d"],
+    k: Float[Tensor, "*batch keys heads d"],
+    v: Float[Tensor, "*batch keys heads d"],
+    temp_same: Float[Tensor, "*temps 2*d"],
+    temp_opp: Float[Tensor, "*temps 2*d"],
+    key_mask: Bool[Tensor, "*batch keys"] | None = None,
+) -> Float[Tensor, "*batch heads d"]:
     """Polarity attention of one query per point over its keys (see the module docstring).
 
     Args:
@@ -210,17 +191,13 @@ def polarity_view_attention(
         raise ValueError(
             f"expected q [..., heads, d], k and v [..., keys, heads, d]; got {q.shape}, {k.shape}, {v.shape}"
         )
-    if q.shape[-1] % 2:
-        raise ValueError(f"head dim must be even (two value halves), got {q.shape[-1]}")
+    check_even_head_dim(q)
     if key_mask is not None and (key_mask.dtype != torch.bool or key_mask.shape != k.shape[:-2]):
         raise ValueError(f"key_mask must be bool {tuple(k.shape[:-2])}, got {key_mask.dtype} {tuple(key_mask.shape)}")
-    compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    with torch.autocast(device_type=q.device.type, enabled=False):
-        inputs = [t.to(compute_dtype) for t in (q, k, v, temp_same, temp_opp)]
-        q_, k_, v_, temp_same_, temp_opp_ = inputs
+    with compute_precision(q, k, v, temp_same, temp_opp) as (q_, k_, v_, temp_same_, temp_opp_):
         batch = q.shape[:-2]
         q_ = q_.reshape(-1, *q.shape[-2:])  # [P, heads, d]
         k_, v_ = (x.reshape(-1, *k.shape[-3:]) for x in (k_, v_))  # [P, keys, heads, d]
-        visible = None if key_mask is None else key_mask.reshape(-1, k.shape[-3], 1).to(compute_dtype)
+        visible = None if key_mask is None else key_mask.reshape(-1, k.shape[-3], 1).to(q_.dtype)
         out = _PolarityViewAttention.apply(q_, k_, v_, temp_same_, temp_opp_, visible)
     return out.reshape(*batch, *q.shape[-2:]).to(q.dtype)

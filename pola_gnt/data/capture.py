@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -22,7 +23,7 @@ VIDEO_EXTENSIONS = (".mp4", ".mov", ".m4v", ".avi", ".mkv", ".webm")
 JPEG_EXTENSIONS = (".jpg", ".jpeg")
 JPEG_QUALITY = 95
 
-Progress = Callable[..., object]  # tqdm-like: progress(iterable, total=, desc=)
+Progress = Callable[..., Any]  # tqdm-like: progress(iterable, total=, desc=) -> an iterable (a tqdm bar)
 
 
 def is_video(path: Path) -> bool:
@@ -102,8 +103,8 @@ def extract_video_frames(video: Path, folder: Path, frames: int, progress: Progr
     try:
         total, _ = imageio_ffmpeg.count_frames_and_secs(str(video))
     except Exception as err:  # ffmpeg's messages for corrupt or truncated files vary
-        raise UserError(f"input: {video}: cannot read the video ({_first_line(err)})") from None
-    if total < 1:
+        raise UserError(f"input: {video}: cannot read the video ({_last_line(err)})") from None
+    if total is None or total < 1:
         raise UserError(f"input: {video}: the video has no frames")
     stretch = [min(i * frames // total, frames - 1) for i in range(total)]  # frame -> stretch
     best: dict[int, tuple[float, int, np.ndarray]] = {}
@@ -122,7 +123,7 @@ def extract_video_frames(video: Path, folder: Path, frames: int, progress: Progr
                 best[part] = (score, index, frame.copy())
             read += 1
     except Exception as err:
-        raise UserError(f"input: {video}: cannot read the video ({_first_line(err)})") from None
+        raise UserError(f"input: {video}: cannot read the video ({_last_line(err)})") from None
     if read < total:
         raise UserError(f"input: {video}: the video ends after {read} of its {total} frames (truncated?)")
     names = []
@@ -133,6 +134,6 @@ def extract_video_frames(video: Path, folder: Path, frames: int, progress: Progr
     return sorted(names)
 
 
-def _first_line(err: Exception) -> str:
+def _last_line(err: Exception) -> str:
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     return lines[-1] if lines else type(err).__name__

@@ -6,6 +6,9 @@ Forward-facing captures have small baselines: COLMAP's default initialisation (a
 length runs away. When COLMAP's defaults leave images out, two more attempts follow: a relaxed
 initialisation, then mapping with the focal length held at COLMAP's initial guess and a final
 bundle adjustment that refines it. The attempt that registers the most images wins.
+
+Deterministic: images numbered in name order, RANSAC seeded (`seed`), mapping on one thread
+(`deterministic`; COLMAP's multi-threaded mapping gives a slightly different model every run).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +36,9 @@ def import_pycolmap():
         import pycolmap
     except ImportError:
         raise UserError(f"process_data needs pycolmap, which is not installed: {INSTALL_HINT}") from None
-    pycolmap.logging.minloglevel = 2  # COLMAP's own log: errors only
+    # COLMAP's own log: fatal errors only. Its errors ("Failed to create any sparse model") are
+    # what process_data reports in its own one error line, with what to try.
+    pycolmap.logging.minloglevel = 3
     return pycolmap
 
 
@@ -42,8 +48,10 @@ class SfmOptions:
     camera_model: str = "SIMPLE_RADIAL"
     matching: str = "exhaustive"  # exhaustive | sequential (resolved from "auto" by the caller)
     max_image_size: int = 3200  # SIFT on images downscaled to at most this size (COLMAP's default)
+    max_features: int = 8192  # SIFT features kept per image, the strongest (COLMAP's default)
     threads: int = -1
     seed: int = 0
+    deterministic: bool = True  # mapping on one thread: the same capture gives the same model every run
 
 
 @dataclass
@@ -55,16 +63,16 @@ class Attempt:
 
 @dataclass
 class SfmResult:
-    reconstruction: object  # pycolmap.Reconstruction, the largest model
+    reconstruction: Any  # pycolmap.Reconstruction, the largest model, or None (pycolmap is imported on use only)
     attempts: list[Attempt] = field(default_factory=list)
 
 
-def mapper_attempts(pycolmap, options: SfmOptions) -> list[tuple[str, object, bool]]:
+def mapper_attempts(pycolmap, options: SfmOptions) -> list[tuple[str, Any, bool]]:
     """(name, IncrementalPipelineOptions, refine the focal length afterwards) in the order tried."""
 
     def base():
         pipeline = pycolmap.IncrementalPipelineOptions()
-        pipeline.num_threads = options.threads
+        pipeline.num_threads = 1 if options.deterministic else options.threads
         pipeline.random_seed = options.seed
         return pipeline
 
@@ -94,21 +102,29 @@ def run_sfm(
     device = pycolmap.Device.cpu
     reader = pycolmap.ImageReaderOptions()
     reader.camera_model = options.camera_model
+    mode = pycolmap.CameraMode.SINGLE if options.camera == "single" else pycolmap.CameraMode.PER_IMAGE
+    # The images enter the database first, in name order: the extraction threads would otherwise
+    # number them in the order they finish, and the model would differ from run to run.
+    pycolmap.Database.open(database).close()
+    pycolmap.import_images(database, image_dir, camera_mode=mode, options=reader)
     extraction = pycolmap.FeatureExtractionOptions()
     extraction.num_threads = options.threads
     extraction.max_image_size = options.max_image_size
-    mode = pycolmap.CameraMode.SINGLE if options.camera == "single" else pycolmap.CameraMode.PER_IMAGE
-    say(f"features: SIFT on {n_images} images ({options.camera} camera, {options.camera_model})")
+    extraction.sift.max_num_features = options.max_features
+    say(
+        f"features: SIFT on {n_images} images, at most {options.max_features} each "
+        f"({options.camera} camera, {options.camera_model})"
+    )
     pycolmap.extract_features(
         database, image_dir, camera_mode=mode, reader_options=reader, extraction_options=extraction, device=device
     )
     matching = pycolmap.FeatureMatchingOptions()
     matching.num_threads = options.threads
+    verification = pycolmap.TwoViewGeometryOptions()
+    verification.ransac.random_seed = options.seed  # COLMAP's default (-1) draws a new seed every run
     say(f"matching: {options.matching}")
-    if options.matching == "sequential":
-        pycolmap.match_sequential(database, matching_options=matching, device=device)
-    else:
-        pycolmap.match_exhaustive(database, matching_options=matching, device=device)
+    match = pycolmap.match_sequential if options.matching == "sequential" else pycolmap.match_exhaustive
+    match(database, matching_options=matching, verification_options=verification, device=device)
 
     best, attempts = None, []
     for i, (name, pipeline, refine_focal) in enumerate(mapper_attempts(pycolmap, options)):
@@ -126,6 +142,8 @@ def run_sfm(
             adjustment.refine_focal_length = True
             adjustment.refine_extra_params = True
             adjustment.print_summary = False
+            if options.deterministic:
+                adjustment.ceres.solver_options.num_threads = 1
             pycolmap.bundle_adjustment(model, adjustment)
         registered, points = _model_size(model) if model is not None else (0, 0)
         attempts.append(Attempt(name, registered, points))
@@ -141,7 +159,7 @@ def _model_size(model) -> tuple[int, int]:
     return model.num_reg_images(), model.num_points3D()
 
 
-def registered_images(reconstruction) -> dict[str, object]:
+def registered_images(reconstruction) -> dict[str, Any]:
     """Image name -> pycolmap.Image of every registered image."""
     return {image.name: image for image in reconstruction.images.values() if image.has_pose}
 
@@ -181,12 +199,18 @@ def registered_images_by_id(reconstruction) -> dict[int, object]:
     return {image_id: image for image_id, image in reconstruction.images.items() if image.has_pose}
 
 
+def bound_observations(image, reliable: set[int]) -> list:
+    """The observations (pycolmap.Point2D) whose points set a view's near / far: its reliable
+    points, or all of its points when it sees fewer than `RELIABLE_MIN_POINTS` reliable ones."""
+    seen = [point for point in image.points2D if point.has_point3D()]
+    kept = [point for point in seen if point.point3D_id in reliable]
+    return kept if len(kept) >= RELIABLE_MIN_POINTS else seen
+
+
 def view_bounds(reconstruction, image, reliable: set[int]) -> tuple[float, float]:
     """LLFF's near / far of a view: percentiles of the camera z-depths of the (reliable) points it sees."""
     w2c = np.linalg.inv(camera_to_world(image))
-    seen = [p.point3D_id for p in image.points2D if p.has_point3D()]
-    if len([point for point in seen if point in reliable]) >= RELIABLE_MIN_POINTS:
-        seen = [point for point in seen if point in reliable]
+    seen = [point.point3D_id for point in bound_observations(image, reliable)]
     if not seen:
         raise UserError(f"{image.name}: registered but sees no 3D point; cannot bound its depth")
     points = np.array([reconstruction.points3D[point].xyz for point in seen])

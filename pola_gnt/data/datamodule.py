@@ -7,6 +7,10 @@ uninterrupted run would, and each DDP rank draws different rays.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
 import numpy as np
 import pytorch_lightning as pl
 import torch
@@ -14,23 +18,23 @@ from omegaconf import DictConfig
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from pola_gnt.data.batches import RayBatch, SourceBatch, ViewBatch
 from pola_gnt.data.llff import Scene
 from pola_gnt.data.sampling import draw_crop, scaled_ray_count
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.data.source_views import nearest_views, random_training_views
-from pola_gnt.render.rays import pixel_coordinates, pixel_rays, sample_depths
+from pola_gnt.geometry.rays import pixel_coordinates, pixel_rays
+from pola_gnt.geometry.samples import sample_depths
 
-Batch = dict[str, Tensor]
 
-
-def source_batch(scene: Scene, source_ids: list[int]) -> Batch:
+def source_batch(scene: Scene, source_ids: list[int]) -> SourceBatch:
     """Source images `[views, 3, H, W]` with their cameras."""
-    return {
-        "source_ids": torch.tensor(source_ids),
-        "source_images": scene.images[source_ids].permute(0, 3, 1, 2).contiguous(),
-        "source_c2w": scene.cameras.c2w[source_ids],
-        "source_intrinsics": scene.cameras.intrinsics[source_ids],
-    }
+    return SourceBatch(
+        ids=torch.tensor(source_ids),
+        images=scene.images[source_ids].permute(0, 3, 1, 2).contiguous(),
+        c2w=scene.cameras.c2w[source_ids],
+        intrinsics=scene.cameras.intrinsics[source_ids],
+    )
 
 
 def eval_source_ids(scene: Scene, view: int, count: int) -> list[int]:
@@ -38,10 +42,11 @@ def eval_source_ids(scene: Scene, view: int, count: int) -> list[int]:
     return nearest_views(scene.cameras.centers[view], scene.cameras.centers, scene.train_ids, count, exclude=view)
 
 
-class TrainSteps(Dataset):
-    """Item `step`: the training batch of that global step (on this rank)."""
+class TrainSteps(Dataset[RayBatch]):
+    """Item `step`: the training batch of that global step (on this rank). `data_cfg`: the `data`
+    config section, or the checked `pola_gnt.settings.DataSettings` (the same names)."""
 
-    def __init__(self, scene: Scene, data_cfg: DictConfig, n_samples: int, n_steps: int, seed: int, rank: int):
+    def __init__(self, scene: Scene, data_cfg: Any, n_samples: int, n_steps: int, seed: int, rank: int):
         self.scene = scene
         self.cfg = data_cfg
         self.n_samples = n_samples
@@ -52,7 +57,7 @@ class TrainSteps(Dataset):
     def __len__(self) -> int:
         return self.n_steps
 
-    def __getitem__(self, step: int) -> Batch:
+    def __getitem__(self, step: int) -> RayBatch:
         rng = np.random.default_rng([self.seed, self.rank, step])
         scene, cfg = self.scene, self.cfg
         target = int(rng.choice(scene.train_ids))
@@ -63,12 +68,12 @@ class TrainSteps(Dataset):
             )
         else:
             source_ids = nearest_views(centers[target], centers, scene.train_ids, cfg.num_source_views, exclude=target)
-        batch = source_batch(scene, source_ids)
+        sources = source_batch(scene, source_ids)
         intrinsics = scene.cameras.intrinsics[target].clone()
         image = scene.images[target]  # [H, W, 3]
-        window = self._crop_window(image.shape[:2], rng)
+        window = self._crop_window((int(image.shape[0]), int(image.shape[1])), rng)
         if window is not None:
-            batch, intrinsics, image = crop_views(batch, intrinsics, image, window)
+            sources, intrinsics, image = crop_views(sources, intrinsics, image, window)
         n_rays = cfg.rays_per_step
         if getattr(cfg, "scale_rays_with_views", False):  # GNT: rays x views about constant
             n_rays = scaled_ray_count(n_rays, cfg.num_source_views, len(source_ids))
@@ -78,15 +83,9 @@ class TrainSteps(Dataset):
         generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
         near, far = scene.depth_range
         depths = sample_depths(near, far, len(rays), self.n_samples, jitter=True, generator=generator)
-        return {
-            **batch,
-            "step": torch.tensor(step),
-            "target_id": torch.tensor(target),
-            "origins": rays.origins,
-            "directions": rays.directions,
-            "depths": depths,
-            "rgb": image.reshape(-1, 3)[chosen],
-        }
+        return RayBatch(
+            view=target, rays=rays, depths=depths, rgb=image.reshape(-1, 3)[chosen], sources=sources, step=step
+        )
 
     def _crop_window(self, image_size: tuple[int, int], rng: np.random.Generator) -> tuple[int, int, int, int] | None:
         """This step's crop `(top, left, height, width)`: `data.crop`'s fixed size or GNT's random size
@@ -98,24 +97,28 @@ class TrainSteps(Dataset):
             return int(rng.integers(height - crop_h + 1)), int(rng.integers(width - crop_w + 1)), crop_h, crop_w
         random_crop = getattr(cfg, "random_crop", None)
         if random_crop:
-            return draw_crop(rng, tuple(random_crop.heights), int(random_crop.area), image_size)
+            low, high = (int(h) for h in random_crop.heights)
+            return draw_crop(rng, (low, high), int(random_crop.area), image_size)
         return None
 
 
 def crop_views(
-    batch: Batch, intrinsics: Tensor, image: Tensor, window: tuple[int, int, int, int]
-) -> tuple[Batch, Tensor, Tensor]:
+    sources: SourceBatch, intrinsics: Tensor, image: Tensor, window: tuple[int, int, int, int]
+) -> tuple[SourceBatch, Tensor, Tensor]:
     """Crop the target `image` `[H, W, 3]` and every source image to one `window` (top, left, height,
     width), shifting the principal points of the target's `intrinsics` and the sources' by its corner."""
     top, left, crop_h, crop_w = window
     shift = torch.tensor([left, top], dtype=torch.float32)
     intrinsics = intrinsics.clone()
     intrinsics[:2, 2] -= shift
-    batch = dict(batch)
-    batch["source_intrinsics"] = batch["source_intrinsics"].clone()
-    batch["source_intrinsics"][:, :2, 2] -= shift
-    batch["source_images"] = batch["source_images"][:, :, top : top + crop_h, left : left + crop_w].contiguous()
-    return batch, intrinsics, image[top : top + crop_h, left : left + crop_w]
+    source_intrinsics = sources.intrinsics.clone()
+    source_intrinsics[:, :2, 2] -= shift
+    images = sources.images[:, :, top : top + crop_h, left : left + crop_w].contiguous()
+    return (
+        replace(sources, images=images, intrinsics=source_intrinsics),
+        intrinsics,
+        image[top : top + crop_h, left : left + crop_w],
+    )
 
 
 class ResumableSampler(Sampler[int]):
@@ -127,11 +130,11 @@ class ResumableSampler(Sampler[int]):
     global step whether the checkpoint was written mid-epoch (an interrupted run) or at its end.
     """
 
-    def __init__(self, start, end: int):
+    def __init__(self, start: int | Callable[[], int], end: int):
         self.start = start if callable(start) else (lambda: start)
         self.end = end
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(range(self.start(), self.end))
 
     def __len__(self) -> int:
@@ -155,36 +158,36 @@ class StepLoader(DataLoader):
         self.restored_step = int(state.get("next_step", self.trainer.global_step))
 
 
-class ValidationRays(Dataset):
+class ValidationRays(Dataset[RayBatch]):
     """A fixed random subset of the rays of the first test view (cheap, deterministic validation)."""
 
     def __init__(self, scene: Scene, data_cfg: DictConfig, n_samples: int, seed: int):
         self.batch = self._build(scene, data_cfg, n_samples, seed)
 
     @staticmethod
-    def _build(scene: Scene, cfg: DictConfig, n_samples: int, seed: int) -> Batch:
+    def _build(scene: Scene, cfg: DictConfig, n_samples: int, seed: int) -> RayBatch:
         view = scene.test_ids[0] if scene.test_ids else scene.train_ids[0]
         height, width = scene.resolution
         generator = torch.Generator().manual_seed(seed)
         chosen = torch.randperm(height * width, generator=generator)[: cfg.val_rays]
         rays = pixel_rays(scene.cameras.c2w[view], scene.cameras.intrinsics[view], pixel_coordinates(chosen, width))
         near, far = scene.depth_range
-        return {
-            **source_batch(scene, eval_source_ids(scene, view, cfg.num_source_views)),
-            "origins": rays.origins,
-            "directions": rays.directions,
-            "depths": sample_depths(near, far, len(rays), n_samples, jitter=False),
-            "rgb": scene.images[view].reshape(-1, 3)[chosen],
-        }
+        return RayBatch(
+            view=view,
+            rays=rays,
+            depths=sample_depths(near, far, len(rays), n_samples, jitter=False),
+            rgb=scene.images[view].reshape(-1, 3)[chosen],
+            sources=source_batch(scene, eval_source_ids(scene, view, cfg.num_source_views)),
+        )
 
     def __len__(self) -> int:
         return 1
 
-    def __getitem__(self, index: int) -> Batch:
+    def __getitem__(self, index: int) -> RayBatch:
         return self.batch
 
 
-class TestViews(Dataset):
+class TestViews(Dataset[ViewBatch]):
     """Each held-out view: its index and deterministic source views (the full image is rendered in chunks)."""
 
     def __init__(self, scene: Scene, view_ids: list[int], num_source_views: int):
@@ -195,15 +198,15 @@ class TestViews(Dataset):
     def __len__(self) -> int:
         return len(self.view_ids)
 
-    def __getitem__(self, index: int) -> Batch:
+    def __getitem__(self, index: int) -> ViewBatch:
         view = self.view_ids[index]
-        return {
-            **source_batch(self.scene, eval_source_ids(self.scene, view, self.num_source_views)),
-            "view_id": torch.tensor(view),
-            "c2w": self.scene.cameras.c2w[view],
-            "intrinsics": self.scene.cameras.intrinsics[view],
-            "rgb": self.scene.images[view],
-        }
+        return ViewBatch(
+            view=view,
+            c2w=self.scene.cameras.c2w[view],
+            intrinsics=self.scene.cameras.intrinsics[view],
+            rgb=self.scene.images[view],
+            sources=source_batch(self.scene, eval_source_ids(self.scene, view, self.num_source_views)),
+        )
 
 
 class SceneDataModule(pl.LightningDataModule):
@@ -216,19 +219,32 @@ class SceneDataModule(pl.LightningDataModule):
         if self.scene is None:
             self.scene = load_scene(self.cfg.scene, self.cfg.data)
 
+    def _scene(self) -> Scene:
+        if self.scene is None:
+            raise RuntimeError("SceneDataModule: no scene before setup()")
+        return self.scene
+
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
+        if trainer is None:
+            raise RuntimeError("SceneDataModule.train_dataloader: the training loader follows a trainer's steps")
         dataset = TrainSteps(
-            self.scene, self.cfg.data, self.cfg.render.n_samples, trainer.max_steps, self.cfg.seed, trainer.global_rank
+            self._scene(),
+            self.cfg.data,
+            self.cfg.render.n_samples,
+            trainer.max_steps,
+            self.cfg.seed,
+            trainer.global_rank,
         )
         return StepLoader(dataset, trainer)
 
     def val_dataloader(self) -> DataLoader:
-        dataset = ValidationRays(self.scene, self.cfg.data, self.cfg.render.n_samples, self.cfg.seed)
+        dataset = ValidationRays(self._scene(), self.cfg.data, self.cfg.render.n_samples, self.cfg.seed)
         return DataLoader(dataset, batch_size=None)
 
     def test_dataloader(self) -> DataLoader:
         # Each rank renders its share of the test views; results are gathered on rank 0.
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
-        views = self.scene.test_ids[rank::world]
-        return DataLoader(TestViews(self.scene, views, self.cfg.data.num_source_views), batch_size=None)
+        scene = self._scene()
+        views = scene.test_ids[rank::world]
+        return DataLoader(TestViews(scene, views, self.cfg.data.num_source_views), batch_size=None)

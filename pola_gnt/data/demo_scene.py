@@ -11,7 +11,9 @@ real LLFF scenes (`poses_bounds.npy` + `images_{factor}/image000.png ...`):
 World frame is OpenCV-like: x right, y down, z forward. Shading is Lambertian with a fixed
 directional light plus ambient, so a surface point has the same colour in every view (what the
 geometry tests rely on). Textures are smooth (sinusoids through a soft `tanh`) and every pixel is
-supersampled 2x2, so the images are anti-aliased and learnable quickly.
+supersampled 2x2, so the images are anti-aliased and learnable quickly. The same smooth, repeating
+textures give SIFT few, poorly located features: for COLMAP round trips `render_demo_view(detail=)`
+adds the fine, irregular surface texture of a real capture (the demo scene itself never uses it).
 
 Twenty cameras sit on a 5 x 4 grid facing +z (serpentine order like a hand-held LLFF capture) with
 small deterministic wobbles of position, aim and roll. Nothing is random: two generations give
@@ -24,9 +26,6 @@ import contextlib
 import functools
 import io
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +35,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pola_gnt.data.llff import image_folder_name, to_uint8
 from pola_gnt.errors import UserError, check_int
-from pola_gnt.render.rays import pixel_grid, pixel_rays
-from pola_gnt.runfiles import write_atomic
+from pola_gnt.geometry.cameras import look_at, opencv_to_llff
+from pola_gnt.geometry.rays import pixel_grid, pixel_rays
+from pola_gnt.runfiles import staged_folder, write_atomic
 
 # Full-resolution camera like fern's (hwf in poses_bounds.npy); only downsampled folders are written.
 FULL_HEIGHT = 3024
@@ -116,6 +117,32 @@ def card_texture(a: Tensor, b: Tensor) -> Tensor:
     return _mix((0.45, 0.15, 0.6), (0.3, 0.85, 0.9), rings)
 
 
+DETAIL_WAVES = 48  # plane waves summed into the detail pattern
+DETAIL_WAVELENGTHS = (0.08, 0.3)  # scene units, log-uniform: 4-14 px on the back wall at images_8
+DETAIL_SEED = 20  # the pattern is fixed: the same for every view and every run
+
+
+@functools.lru_cache(maxsize=1)
+def _detail_waves() -> tuple[Tensor, Tensor]:
+    rng = np.random.default_rng(DETAIL_SEED)
+    directions = rng.normal(size=(DETAIL_WAVES, 3))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    wavelengths = np.exp(rng.uniform(*np.log(DETAIL_WAVELENGTHS), size=DETAIL_WAVES))
+    phases = rng.uniform(0.0, 2 * math.pi, size=DETAIL_WAVES)
+    return torch.from_numpy(2 * math.pi * directions / wavelengths[:, None]), torch.from_numpy(phases)
+
+
+def detail_pattern(points: Tensor) -> Tensor:
+    """A fine, non-repeating solid texture of world points `[rays, 3]` -> `[rays]` in (-1, 1).
+
+    A sum of plane waves of random directions and wavelengths (a fixed draw), through a `tanh`:
+    blob- and corner-like structure at every place, unlike the demo's smooth repeating patterns.
+    Defined in 3D, so a surface point has the same value in every view."""
+    frequencies, phases = _detail_waves()
+    waves = torch.sin(points @ frequencies.to(points).T + phases.to(points))  # [rays, waves]
+    return torch.tanh(2.0 * waves.sum(-1) / math.sqrt(DETAIL_WAVES / 2))
+
+
 # --------------------------------------------------------------------------------------------
 # Surfaces: ray intersection, normals and albedo
 # --------------------------------------------------------------------------------------------
@@ -128,6 +155,10 @@ def _dot(x: Tensor, y: Tensor) -> Tensor:
 
 
 def _vector(values: tuple[float, float, float]) -> Tensor:
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def _vectors(values: list) -> Tensor:
     return torch.tensor(values, dtype=torch.float64)
 
 
@@ -253,8 +284,9 @@ def _nearest_hit(surfaces: list, origins: Tensor, directions: Tensor) -> tuple[T
     return depth, index
 
 
-def _shade(surfaces: list, origins: Tensor, directions: Tensor) -> tuple[Tensor, Tensor]:
-    """Lambertian colour `[rays, 3]` and depth `[rays]` of the nearest hit of each ray."""
+def _shade(surfaces: list, origins: Tensor, directions: Tensor, detail: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Lambertian colour `[rays, 3]` and depth `[rays]` of the nearest hit of each ray (albedo
+    modulated by `detail_pattern` with amplitude `detail` when non-zero)."""
     depth, index = _nearest_hit(surfaces, origins, directions)
     colour = torch.tensor(MISS_COLOUR, dtype=origins.dtype).repeat(len(origins), 1)
     hit_points = origins + depth.nan_to_num(posinf=0.0)[:, None] * directions  # [rays, 3]
@@ -264,7 +296,10 @@ def _shade(surfaces: list, origins: Tensor, directions: Tensor) -> tuple[Tensor,
             continue
         points = hit_points.index_select(0, rays)
         lambert = (surface.normals(points) @ LIGHT_DIRECTION).clamp(min=0.0)
-        colour.index_copy_(0, rays, surface.albedo(points) * (AMBIENT + DIFFUSE * lambert)[:, None])
+        albedo = surface.albedo(points)
+        if detail:
+            albedo = albedo * (1.0 + detail * detail_pattern(points))[:, None]
+        colour.index_copy_(0, rays, albedo * (AMBIENT + DIFFUSE * lambert)[:, None])
     return colour.clamp(0.0, 1.0), depth
 
 
@@ -292,12 +327,18 @@ def _trace_depth(c2w: Tensor, intrinsics: Tensor, pixels: Tensor) -> Tensor:
     return torch.cat(chunks)
 
 
-def render_demo_view(c2w: np.ndarray, K: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+def render_demo_view(
+    c2w: np.ndarray, K: np.ndarray, height: int, width: int, detail: float = 0.0
+) -> tuple[np.ndarray, np.ndarray]:
     """Trace any OpenCV camera (`c2w` `[4, 4]`, `K` `[3, 3]`) through the demo scene.
 
     Returns the colour `[H, W, 3]` float32 in [0, 1] (mean of a 2x2 supersampling of each pixel)
     and the exact camera z-depth `[H, W]` float32 at the integer pixel coordinates (inf where a ray
     misses everything, which never happens for the demo cameras).
+
+    `detail` > 0 multiplies every albedo by `1 + detail * detail_pattern(point)`: the same geometry
+    with the fine, non-repeating surface texture of a real capture (photos for COLMAP). The demo
+    scene itself (`scene=demo`, training and tests) is rendered with `detail=0`.
     """
     c2w_t = torch.as_tensor(np.asarray(c2w), dtype=torch.float64)
     intrinsics = torch.as_tensor(np.asarray(K), dtype=torch.float64)
@@ -310,7 +351,7 @@ def render_demo_view(c2w: np.ndarray, K: np.ndarray, height: int, width: int) ->
             shifted = pixels + torch.tensor(offset, dtype=torch.float64)
             for start in range(0, len(pixels), CHUNK_RAYS):
                 rays = pixel_rays(c2w_t, intrinsics, shifted[start : start + CHUNK_RAYS])
-                colour[start : start + CHUNK_RAYS] += _shade(surfaces, rays.origins, rays.directions)[0]
+                colour[start : start + CHUNK_RAYS] += _shade(surfaces, rays.origins, rays.directions, detail)[0]
     colour /= len(offsets)
     depth = _trace_depth(c2w_t, intrinsics, pixels)
     return (
@@ -322,24 +363,6 @@ def render_demo_view(c2w: np.ndarray, K: np.ndarray, height: int, width: int) ->
 # --------------------------------------------------------------------------------------------
 # Cameras and LLFF files
 # --------------------------------------------------------------------------------------------
-
-
-def _look_at(position: np.ndarray, target: np.ndarray, roll: float) -> np.ndarray:
-    """OpenCV camera-to-world `[4, 4]` at `position` looking at `target`, world down = +y."""
-    forward = target - position
-    forward /= np.linalg.norm(forward)
-    right = np.cross(np.array([0.0, 1.0, 0.0]), forward)
-    right /= np.linalg.norm(right)
-    down = np.cross(forward, right)
-    # Roll the camera about its viewing axis (hand-held captures are never perfectly level).
-    right, down = (
-        math.cos(roll) * right + math.sin(roll) * down,
-        -math.sin(roll) * right + math.cos(roll) * down,
-    )
-    c2w = np.eye(4)
-    c2w[:3, :3] = np.stack([right, down, forward], axis=1)
-    c2w[:3, 3] = position
-    return c2w
 
 
 def demo_resolution(factor: int) -> tuple[int, int]:
@@ -360,22 +383,23 @@ def demo_intrinsics(factor: int) -> np.ndarray:
 
 def demo_poses() -> np.ndarray:
     """OpenCV camera-to-world `[views, 4, 4]`: a 5 x 4 grid, serpentine like an LLFF capture."""
-    poses = []
+    positions, targets, rolls = [], [], []
     for row in range(GRID_ROWS):
         columns = range(GRID_COLUMNS) if row % 2 == 0 else reversed(range(GRID_COLUMNS))
         for column in columns:
-            i = len(poses)
+            i = len(positions)
             # Deterministic "hand-held" wobble of position, aim and roll (no random generator).
-            position = np.array(
+            positions.append(
                 [
                     -0.6 + 0.3 * column + 0.04 * math.sin(1.7 * i + 0.3),
                     -0.3 + 0.2 * row + 0.03 * math.sin(2.3 * i + 1.1),
                     0.08 * math.sin(1.3 * i + 0.7),
                 ]
             )
-            target = np.array([0.25 * math.sin(0.9 * i), 0.3 + 0.15 * math.cos(1.1 * i), 6.0])
-            poses.append(_look_at(position, target, roll=math.radians(2.0) * math.sin(1.9 * i)))
-    return np.stack(poses)
+            targets.append([0.25 * math.sin(0.9 * i), 0.3 + 0.15 * math.cos(1.1 * i), 6.0])
+            rolls.append(math.radians(2.0) * math.sin(1.9 * i))
+    world_down = _vector((0.0, 1.0, 0.0))
+    return look_at(_vectors(positions), _vectors(targets), world_down, roll=_vectors(rolls)).numpy()
 
 
 def demo_cameras(factor: int) -> tuple[np.ndarray, np.ndarray, int, int]:
@@ -384,17 +408,18 @@ def demo_cameras(factor: int) -> tuple[np.ndarray, np.ndarray, int, int]:
     return demo_poses(), demo_intrinsics(factor), height, width
 
 
-def demo_depths(factor: int) -> np.ndarray:
-    """Exact camera z-depth `[views, H, W]` float32 of every view at `factor` (pixel centres)."""
+def demo_depth(view: int, factor: int) -> np.ndarray:
+    """Exact camera z-depth `[H, W]` float64 of view `view` at `factor` (pixel centres), in the
+    scene's own units (the loader's normalised scene multiplies them by `Scene.scale`)."""
     c2w, intrinsics, height, width = demo_cameras(factor)
     pixels = pixel_grid(height, width).double()
-    intrinsics_t = torch.from_numpy(intrinsics)
-    return np.stack(
-        [
-            _trace_depth(torch.from_numpy(pose), intrinsics_t, pixels).reshape(height, width).float().numpy()
-            for pose in c2w
-        ]
-    )
+    depth = _trace_depth(torch.from_numpy(c2w[view]), torch.from_numpy(intrinsics), pixels)
+    return depth.reshape(height, width).numpy()
+
+
+def demo_depths(factor: int) -> np.ndarray:
+    """Exact camera z-depth `[views, H, W]` float32 of every view at `factor` (pixel centres)."""
+    return np.stack([demo_depth(view, factor).astype(np.float32) for view in range(N_VIEWS)])
 
 
 def demo_bounds() -> np.ndarray:
@@ -424,28 +449,12 @@ def _cached_bounds() -> np.ndarray:  # the same for every factor: traced once pe
     return np.array(bounds)
 
 
-def opencv_to_llff(c2w: np.ndarray) -> np.ndarray:
-    """`[views, 4, 4]` OpenCV c2w -> `[views, 3, 4]` LLFF `[down, right, back | t]` = `[c1, c0, -c2 | t]`."""
-    rotation = c2w[:, :3, :3]
-    llff_rotation = np.stack([rotation[:, :, 1], rotation[:, :, 0], -rotation[:, :, 2]], axis=-1)
-    return np.concatenate([llff_rotation, c2w[:, :3, 3:4]], axis=-1)
-
-
 def demo_poses_bounds() -> np.ndarray:
     """The `poses_bounds.npy` array `[views, 17]`: `[R | t | hwf]` row-major, then near, far."""
     poses = opencv_to_llff(demo_poses())  # [views, 3, 4]
     hwf = np.tile(np.array([FULL_HEIGHT, FULL_WIDTH, FULL_FOCAL], dtype=np.float64)[None, :, None], (N_VIEWS, 1, 1))
     matrices = np.concatenate([poses, hwf], axis=-1)  # [views, 3, 5]
     return np.concatenate([matrices.reshape(N_VIEWS, 15), demo_bounds()], axis=-1)
-
-
-def image_folder_name(factor: int) -> str:
-    """LLFF's folder names: `images/` at full resolution, `images_{factor}/` otherwise."""
-    return "images" if factor == 1 else f"images_{factor}"
-
-
-def _to_uint8(rgb: np.ndarray) -> np.ndarray:
-    return np.floor(np.clip(rgb, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
 def _write_poses_bounds(scene_dir: Path) -> None:
@@ -455,21 +464,11 @@ def _write_poses_bounds(scene_dir: Path) -> None:
 
 
 def _write_images(scene_dir: Path, factor: int) -> None:
-    target = scene_dir / image_folder_name(factor)
-    temp_dir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=scene_dir))
-    temp_dir.chmod(0o755)  # mkdtemp makes it private
-    try:
+    with staged_folder(scene_dir / image_folder_name(factor)) as staging:
         c2w, intrinsics, height, width = demo_cameras(factor)
         for i, pose in enumerate(c2w):
             rgb, _ = render_demo_view(pose, intrinsics, height, width)
-            iio.imwrite(temp_dir / f"image{i:03d}.png", _to_uint8(rgb))
-        try:
-            os.rename(temp_dir, target)
-        except OSError:
-            if not target.is_dir():  # a concurrent generation (another rank) may have won the race
-                raise
-    finally:
-        shutil.rmtree(temp_dir, ignore_errors=True)
+            iio.imwrite(staging / f"image{i:03d}.png", to_uint8(torch.from_numpy(rgb)))
 
 
 def ensure_demo_scene(scene_dir: Path, factor: int = 8) -> Path:

@@ -7,9 +7,6 @@ z forward). After normalisation, translations and bounds are scaled by `1 / (0.7
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,32 +14,17 @@ import imageio.v3 as iio
 import numpy as np
 import torch
 import torch.nn.functional as F
+from jaxtyping import Float, UInt8
 from PIL import Image
 from torch import Tensor
 
 from pola_gnt.errors import UserError, check_int
+from pola_gnt.geometry.cameras import Cameras, llff_to_opencv, normalise_poses
+from pola_gnt.runfiles import staged_folder
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
 OTHER_COLOUR_SPACES = ("CMYK", "YCbCr", "LAB", "HSV")
 ROTATION_TOLERANCE = 1e-2  # max |R^T R - I| of a pose rotation (COLMAP's are exact to ~1e-7 in float32)
-
-
-@dataclass
-class Cameras:
-    c2w: Tensor  # [views, 4, 4] OpenCV camera-to-world
-    intrinsics: Tensor  # [views, 3, 3]
-    height: int
-    width: int
-
-    @property
-    def centers(self) -> Tensor:  # [views, 3]
-        return self.c2w[:, :3, 3]
-
-    def __len__(self) -> int:
-        return self.c2w.shape[0]
-
-    def __getitem__(self, index) -> Cameras:
-        return Cameras(self.c2w[index], self.intrinsics[index], self.height, self.width)
 
 
 @dataclass
@@ -51,9 +33,9 @@ class Scene:
     path: Path
     factor: int
     image_names: list[str]
-    images: Tensor  # [views, H, W, 3] float32 in [0, 1]
+    images: Float[Tensor, "views height width 3"]  # float32 in [0, 1]
     cameras: Cameras
-    bounds: Tensor  # [views, 2] near/far per view, normalised
+    bounds: Float[Tensor, "views 2"]  # near/far per view, normalised
     train_ids: list[int]
     test_ids: list[int]
     scale: float  # the normalisation scale applied to translations and bounds
@@ -83,6 +65,7 @@ class Scene:
 
 
 def image_folder_name(factor: int) -> str:
+    """LLFF's folder names: `images/` at full resolution, `images_{factor}/` otherwise."""
     return "images" if factor == 1 else f"images_{factor}"
 
 
@@ -169,43 +152,6 @@ def count_mismatch(poses_file: Path, n_poses: int, image_files: list[Path], imag
     return f"{message}; poses {len(image_files)}..{n_poses - 1} have no image"
 
 
-def llff_to_opencv(poses: np.ndarray) -> np.ndarray:
-    """LLFF `[views, 3, 4]` with rotation columns [down, right, back] -> OpenCV c2w `[views, 4, 4]`."""
-    down, right, back, translation = (poses[:, :, i] for i in range(4))
-    c2w = np.zeros((len(poses), 4, 4))
-    c2w[:, :3, 0] = right
-    c2w[:, :3, 1] = down
-    c2w[:, :3, 2] = -back
-    c2w[:, :3, 3] = translation
-    c2w[:, 3, 3] = 1.0
-    return c2w
-
-
-def average_pose(c2w: np.ndarray) -> np.ndarray:
-    """Mean camera `[4, 4]` (OpenCV axes): mean centre, mean forward and down axes re-orthonormalised."""
-    center = c2w[:, :3, 3].mean(0)
-    forward = _normalize(c2w[:, :3, 2].sum(0))
-    down = c2w[:, :3, 1].sum(0)
-    right = _normalize(np.cross(down, forward))
-    down = np.cross(forward, right)
-    pose = np.eye(4)
-    pose[:3, :4] = np.stack([right, down, forward, center], axis=1)
-    return pose
-
-
-def normalise_poses(c2w: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """GNT's normalisation: scale by `1 / (0.75 * min bound)`, then recentre on the average pose."""
-    scale = 1.0 / (0.75 * bounds.min())
-    c2w = c2w.copy()
-    c2w[:, :3, 3] *= scale
-    c2w = np.linalg.inv(average_pose(c2w))[None] @ c2w
-    return c2w, bounds * scale, float(scale)
-
-
-def _normalize(vector: np.ndarray) -> np.ndarray:
-    return vector / np.linalg.norm(vector)
-
-
 def list_images(folder: Path) -> list[Path]:
     """The PNG and JPEG images of `folder` in name order. Hidden files, including the macOS
     AppleDouble `._NAME` files a copy from a Mac leaves, are not images and are ignored."""
@@ -282,14 +228,17 @@ def ensure_image_folder(scene_dir: Path, factor: int) -> Path:
 def downsample_folder(source: Path, target: Path, factor: int) -> None:
     """Area-downsample every image of `source` by `factor` into `target` (PNG), atomically."""
     files = list_images(source)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private
-    try:
+    with staged_folder(target) as staging:
         for file in files:
             image = torch.from_numpy(read_image(file)).permute(2, 0, 1)[None].float()  # [1, 3, H, W]
             size = (image.shape[2] // factor, image.shape[3] // factor)
             small = F.interpolate(image, size=size, mode="area")[0].permute(1, 2, 0)
             iio.imwrite(staging / f"{file.stem}.png", small.round().clamp(0, 255).to(torch.uint8).numpy())
-        os.replace(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+
+def to_uint8(image: Float[Tensor, "*shape"]) -> UInt8[np.ndarray, "*shape"]:
+    """An image in [0, 1] (clipped) -> uint8 levels `floor(255 x + 1/2)`: the nearest level, a tie
+    (`255 x = k + 1/2` exactly) rounded up. The demo scene's images are written with it, so their
+    bytes do not change; its smooth textures hit such ties in many pixels, rendered predictions
+    practically never."""
+    return torch.floor(image.clamp(0, 1) * 255.0 + 0.5).to(torch.uint8).numpy()

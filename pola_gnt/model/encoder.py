@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from jaxtyping import Float
 from torch import Tensor, nn
 
 from pola_gnt.errors import UserError
@@ -127,7 +128,7 @@ class ImageEncoder(nn.Module):
             self.up_blocks.append(UpBlock(stage_channels[level + 1], stage_channels[level], out_channels))
         self.out_conv = nn.Conv2d(feature_channels, feature_channels, 1)
 
-    def forward(self, images: Tensor) -> Tensor:
+    def forward(self, images: Float[Tensor, "views 3 height width"]) -> Float[Tensor, "views channels h w"]:
         # Reflect padding and InstanceNorm need at least 2 pixels per side at the deepest stage,
         # i.e. more than 2 ** (stages + 1) input pixels (each stride-2 conv gives ceil(side / 2)).
         min_side = 2 ** (len(self.stages) + 1) + 1

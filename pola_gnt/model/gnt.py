@@ -22,58 +22,76 @@ Changes from the original GNT code (its bugs, see docs):
 - the read-out pools the normalised tokens with learned per-sample scores, softmaxed over seen
   samples. With zero-initialised scores this starts as GNT's mean over samples, and it gives an
   honest expected depth `sum_s weights_s * depth_s`, replacing GNT's depth taken from the last
-  ray-attention row of the first sample.
+  ray-attention row of the first sample;
+- a point is inside a source image when it falls on a pixel's area (up to half a pixel beyond the
+  outer pixel centres; GNT: only between them) and is read with border padding, so the edge strip
+  reads the edge pixels' colours instead of a blend with the zero padding.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from pola_gnt.attention.modules import RAY_ATTENTION_KINDS, VIEW_ATTENTION_KINDS
+from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
+from pola_gnt.geometry.rays import Rays, points_along_rays
 from pola_gnt.model.encoder import ImageEncoder
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
-from pola_gnt.render.rays import Rays, pixels_to_grid, points_along_rays, project_points, relative_directions
 
 
 @dataclass
 class SourceViews:
-    images: Tensor  # [views, 3, H, W] in [0, 1]
-    features: Tensor  # [views, C, h, w] encoder output (any resolution: sampled in normalised coordinates)
-    c2w: Tensor  # [views, 4, 4] OpenCV camera-to-world
-    intrinsics: Tensor  # [views, 3, 3] for the images' (H, W)
+    images: Float[Tensor, "views 3 height width"]  # in [0, 1]
+    features: Float[Tensor, "views channels h w"]  # encoder output (any resolution: sampled in normalised coordinates)
+    c2w: Float[Tensor, "views 4 4"]  # OpenCV camera-to-world
+    intrinsics: Float[Tensor, "views 3 3"]  # for the images' (height, width)
 
     @property
-    def centers(self) -> Tensor:
+    def centers(self) -> Float[Tensor, "views 3"]:
         """Camera centres `[views, 3]`."""
         return self.c2w[:, :3, 3]
 
 
 @dataclass
 class RayOutput:
-    rgb: Tensor  # [rays, 3] (raw, not clipped; callers clip at eval)
-    depth: Tensor  # [rays] expected depth (same units as the sample depths)
-    weights: Tensor  # [rays, samples] read-out weights over samples (sum to 1 over seen samples)
-    seen: Tensor  # [rays, samples] bool: sample visible in at least one source view
+    rgb: Float[Tensor, "rays 3"]  # raw, not clipped; callers clip at eval
+    depth: Float[Tensor, " rays"]  # expected depth (same units as the sample depths)
+    weights: Float[Tensor, "rays samples"]  # read-out weights over samples (sum to 1 over seen samples)
+    seen: Bool[Tensor, "rays samples"]  # sample visible in at least one source view
 
 
 @dataclass
 class GatheredSamples:
-    values: Tensor  # [rays, samples, views, 3 + C] rgb then feature, zero where not visible
-    visible: Tensor  # [rays, samples, views] bool: in front of the source camera and inside its image
-    rel_dirs: Tensor  # [rays, samples, views, 4] GNT's relative direction
+    values: Float[Tensor, "rays samples views channels"]  # rgb then feature (3 + C), zero where not visible
+    visible: Bool[Tensor, "rays samples views"]  # in front of the source camera and inside its image
+    rel_dirs: Float[Tensor, "rays samples views 4"]  # GNT's relative direction
 
 
-def _bilinear_read(maps: Tensor, grid: Tensor) -> Tensor:
-    """Read `maps` `[views, C, h, w]` at normalised `grid` `[views, points, 2]` -> `[views, points, C]`."""
-    values = F.grid_sample(maps, grid[:, :, None, :], mode="bilinear", align_corners=True)  # [views, C, points, 1]
+def _bilinear_read(
+    maps: Float[Tensor, "views channels h w"], grid: Float[Tensor, "views points 2"]
+) -> Float[Tensor, "views points channels"]:
+    """Read `maps` `[views, C, h, w]` at normalised `grid` `[views, points, 2]` -> `[views, points, C]`.
+
+    Border padding: a point up to half a pixel outside the outer pixel centres is inside the image
+    (it falls on an edge pixel's area, `project_points`) and reads that edge pixel's value, as a
+    point on any other pixel's area reads nearby values; zero padding would blend it with black.
+    """
+    values = F.grid_sample(
+        maps, grid[:, :, None, :], mode="bilinear", padding_mode="border", align_corners=True
+    )  # [views, C, points, 1]
     return values[..., 0].transpose(1, 2)
 
 
-def gather_source_samples(points: Tensor, target_centers: Tensor, sources: SourceViews) -> GatheredSamples:
+def gather_source_samples(
+    points: Float[Tensor, "rays samples 3"], target_centers: Float[Tensor, "rays 3"], sources: SourceViews
+) -> GatheredSamples:
     """Project `points` `[rays, samples, 3]` into every source view and read colour and features.
 
     `target_centers` `[rays, 3]` are the ray origins. Colours are read from the full-resolution
@@ -100,14 +118,16 @@ def gather_source_samples(points: Tensor, target_centers: Tensor, sources: Sourc
     return GatheredSamples(values=values, visible=visible, rel_dirs=rel_dirs)
 
 
-def sinusoidal_encoding(x: Tensor, n_freqs: int) -> Tensor:
+def sinusoidal_encoding(x: Float[Tensor, "*batch dim"], n_freqs: int) -> Float[Tensor, "*batch code"]:
     """NeRF positional code `[x, sin(2^k x), cos(2^k x)]` for k < n_freqs: `[..., d] -> [..., d (1 + 2 n_freqs)]`."""
     freqs = 2.0 ** torch.arange(n_freqs, dtype=x.dtype, device=x.device)
     scaled = (x[..., None, :] * freqs[:, None]).flatten(-2)  # [..., n_freqs * d]
     return torch.cat([x, torch.sin(scaled), torch.cos(scaled)], dim=-1)
 
 
-def masked_max(tokens: Tensor, mask: Tensor) -> Tensor:
+def masked_max(
+    tokens: Float[Tensor, "*batch views dim"], mask: Bool[Tensor, "*batch views"]
+) -> Float[Tensor, "*batch dim"]:
     """Max of `tokens` `[..., views, dim]` over the views where `mask` `[..., views]` is True; 0 if none."""
     masked = tokens.masked_fill(~mask[..., None], float("-inf")).amax(dim=-2)
     return torch.where(mask.any(dim=-1, keepdim=True), masked, torch.zeros_like(masked))
@@ -139,13 +159,13 @@ class GNTBlock(nn.Module):
 
     def forward(
         self,
-        tokens: Tensor,
-        view_tokens: Tensor,
-        rel_dirs: Tensor,
-        view_mask: Tensor,
-        position_code: Tensor,
-        seen: Tensor,
-    ) -> Tensor:
+        tokens: Float[Tensor, "rays samples width"],
+        view_tokens: Float[Tensor, "points views width"],
+        rel_dirs: Float[Tensor, "points views 4"],
+        view_mask: Bool[Tensor, "points views"],
+        position_code: Float[Tensor, "rays samples position"],
+        seen: Bool[Tensor, "rays samples"],
+    ) -> Float[Tensor, "rays samples width"]:
         """tokens `[rays, samples, width]`; view_tokens `[points, views, width]`, rel_dirs
         `[points, views, 4]`, view_mask `[points, views]` with points = rays * samples;
         position_code `[rays, samples, position_dim]`; seen `[rays, samples]`."""
@@ -170,7 +190,12 @@ class PooledReadout(nn.Module):
         nn.init.zeros_(self.score.weight)
         nn.init.zeros_(self.score.bias)
 
-    def forward(self, tokens: Tensor, seen: Tensor, depths: Tensor) -> RayOutput:
+    def forward(
+        self,
+        tokens: Float[Tensor, "rays samples width"],
+        seen: Bool[Tensor, "rays samples"],
+        depths: Float[Tensor, "rays samples"],
+    ) -> RayOutput:
         """tokens `[rays, samples, width]`, seen `[rays, samples]`, depths `[rays, samples]`."""
         tokens = self.norm(tokens)
         scores = self.score(tokens)[..., 0].float()  # [rays, samples]; softmax in fp32
@@ -196,7 +221,7 @@ class GNT(nn.Module):
         ffn_mult: int = 4,
         n_freqs: int = 10,
         ray_lepe: bool = True,
-        encoder: dict | None = None,
+        encoder: Mapping[str, Any] | None = None,  # ImageEncoder's options (a DictConfig from Hydra)
         encoder_input_scale: float = 1.0,
     ):
         super().__init__()
@@ -227,7 +252,7 @@ class GNT(nn.Module):
         )
         self.readout = PooledReadout(width)
 
-    def encode(self, images: Tensor) -> Tensor:
+    def encode(self, images: Float[Tensor, "views 3 height width"]) -> Float[Tensor, "views channels h w"]:
         """Source images `[views, 3, H, W]` in [0, 1] -> feature maps `[views, C, h, w]`."""
         if self.encoder_input_scale != 1.0:
             images = F.interpolate(
@@ -239,7 +264,12 @@ class GNT(nn.Module):
             )
         return self.encoder(images)
 
-    def source_views(self, images: Tensor, c2w: Tensor, intrinsics: Tensor) -> SourceViews:
+    def source_views(
+        self,
+        images: Float[Tensor, "views 3 height width"],
+        c2w: Float[Tensor, "views 4 4"],
+        intrinsics: Float[Tensor, "views 3 3"],
+    ) -> SourceViews:
         """Encode `images` `[views, 3, H, W]` and bundle them with their cameras."""
         return SourceViews(images=images, features=self.encode(images), c2w=c2w, intrinsics=intrinsics)
 
@@ -249,7 +279,7 @@ class GNT(nn.Module):
         total = sum(p.numel() for p in self.parameters())
         return {"encoder": encoder, "transformer": total - encoder}
 
-    def forward(self, rays: Rays, depths: Tensor, sources: SourceViews) -> RayOutput:
+    def forward(self, rays: Rays, depths: Float[Tensor, "rays samples"], sources: SourceViews) -> RayOutput:
         """Render `rays` (a chunk) at sample `depths` `[rays, samples]` from `sources`."""
         n_rays, n_samples = depths.shape
         points = points_along_rays(rays, depths)  # [rays, samples, 3]

@@ -11,6 +11,7 @@ embedding, masking) lives in `pola_gnt.attention.modules`, chosen by `kind`:
 
 from __future__ import annotations
 
+from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from pola_gnt.attention.modules import build_ray_attention, build_view_attention
@@ -37,7 +38,13 @@ class ViewTransformerBlock(nn.Module):
         self.ffn_norm = nn.LayerNorm(dim)
         self.ffn = FeedForward(dim, ffn_mult)
 
-    def forward(self, point_tokens: Tensor, view_tokens: Tensor, rel_dirs: Tensor, view_mask: Tensor) -> Tensor:
+    def forward(
+        self,
+        point_tokens: Float[Tensor, "points dim"],
+        view_tokens: Float[Tensor, "points views dim"],
+        rel_dirs: Float[Tensor, "points views 4"],
+        view_mask: Bool[Tensor, "points views"],
+    ) -> Float[Tensor, "points dim"]:
         """point_tokens `[points, dim]`, view_tokens `[points, views, dim]`, rel_dirs
         `[points, views, 4]`, view_mask `[points, views]` (True = visible) -> `[points, dim]`."""
         x = point_tokens + self.attention(self.attention_norm(point_tokens), view_tokens, rel_dirs, view_mask)
@@ -54,7 +61,9 @@ class RayTransformerBlock(nn.Module):
         self.ffn_norm = nn.LayerNorm(dim)
         self.ffn = FeedForward(dim, ffn_mult)
 
-    def forward(self, tokens: Tensor, sample_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, tokens: Float[Tensor, "rays samples dim"], sample_mask: Bool[Tensor, "rays samples"] | None = None
+    ) -> Float[Tensor, "rays samples dim"]:
         """tokens `[rays, samples, dim]`, sample_mask `[rays, samples]` (True = usable key)."""
         x = tokens + self.attention(self.attention_norm(tokens), sample_mask)
         return x + self.ffn(self.ffn_norm(x))

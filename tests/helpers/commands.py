@@ -30,14 +30,15 @@ class CommandResult:
 
 
 def run_module(
-    module: str, *args: str, timeout: float = 600, env: dict | None = None, cwd=PROJECT_ROOT
+    module: str, *args: str, timeout: float = 600, env: dict | None = None, cwd=PROJECT_ROOT, text: bool = True
 ) -> subprocess.CompletedProcess:
-    """Run `python -m pola_gnt.<module> args...` in a child process, as a user would."""
+    """Run `python -m pola_gnt.<module> args...` in a child process, as a user would (`text=False`:
+    its output as bytes, carriage returns kept)."""
     CHILD_PROCESSES[module] += 1
     return subprocess.run(
         [sys.executable, "-m", f"pola_gnt.{module}", *args],
         capture_output=True,
-        text=True,
+        text=text,
         timeout=timeout,
         cwd=cwd,
         env=env,

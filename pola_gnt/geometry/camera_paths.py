@@ -11,28 +11,17 @@ import math
 
 import torch
 import torch.nn.functional as F
+from jaxtyping import Float
 from scipy.spatial.transform import Rotation
 from torch import Tensor
 
-from pola_gnt.data.llff import average_pose
+from pola_gnt.geometry.cameras import average_pose, look_at
 
 PATH_KINDS = ("spiral", "interpolate")
 RADIUS_PERCENTILE = 90.0  # GNT / NeRF: spiral radii from the 90th percentile of camera offsets
 
 
-def look_at(centers: Tensor, target: Tensor, down: Tensor) -> Tensor:
-    """Cameras at `centers` `[frames, 3]` looking at `target` `[3]`, image rows along `down` `[3]`
-    as far as possible -> c2w `[frames, 4, 4]` (OpenCV: right = down x forward)."""
-    forward = F.normalize(target - centers, dim=-1)
-    right = F.normalize(torch.linalg.cross(down.expand_as(forward), forward, dim=-1), dim=-1)
-    down_axis = torch.linalg.cross(forward, right, dim=-1)
-    c2w = torch.eye(4, dtype=centers.dtype).repeat(len(centers), 1, 1)
-    c2w[:, :3, :3] = torch.stack([right, down_axis, forward], dim=-1)
-    c2w[:, :3, 3] = centers
-    return c2w
-
-
-def focus_depth(bounds: Tensor) -> float:
+def focus_depth(bounds: Float[Tensor, "views 2"]) -> float:
     """GNT's spiral focus depth from the normalised near/far bounds `[views, 2]`: the harmonic
     blend `1 / (0.25 / close + 0.75 / inf)` of `close = 0.9 * min` and `inf = 5 * max`."""
     close, infinity = 0.9 * float(bounds.min()), 5.0 * float(bounds.max())
@@ -40,13 +29,13 @@ def focus_depth(bounds: Tensor) -> float:
 
 
 def spiral_path(
-    c2w: Tensor,
-    bounds: Tensor,
+    c2w: Float[Tensor, "views 4 4"],
+    bounds: Float[Tensor, "views 2"],
     frames: int = 120,
     rotations: float = 2.0,
     z_rate: float = 0.5,
     radius_scale: float = 1.0,
-) -> Tensor:
+) -> Float[Tensor, "frames 4 4"]:
     """GNT's (NeRF's) spiral around the average of the cameras `c2w` `[views, 4, 4]`.
 
     In the average camera's frame the centre of frame `i` is `radii * [cos t, sin t, sin(z_rate t)]`
@@ -66,7 +55,7 @@ def spiral_path(
     return (average @ look_at(centers, focus, mean_down)).float()
 
 
-def _catmull_rom(controls: Tensor, u: Tensor) -> Tensor:
+def _catmull_rom(controls: Float[Tensor, "controls 3"], u: Float[Tensor, " n"]) -> Float[Tensor, "n 3"]:
     """Uniform Catmull-Rom spline through `controls[1:-1]` `[keys + 2, 3]` at curve parameters `u`
     `[n]` in `[0, keys - 1]` (segment `i` joins `controls[i + 1]` and `controls[i + 2]`) -> `[n, 3]`."""
     segment = u.floor().long().clamp(0, len(controls) - 4)
@@ -77,7 +66,7 @@ def _catmull_rom(controls: Tensor, u: Tensor) -> Tensor:
     )
 
 
-def _interp(x: Tensor, xp: Tensor, fp: Tensor) -> Tensor:
+def _interp(x: Float[Tensor, " n"], xp: Float[Tensor, " m"], fp: Float[Tensor, " m"]) -> Float[Tensor, " n"]:
     """Piecewise-linear `fp(x)` for increasing `xp` (numpy's `interp`) `[n]`."""
     index = torch.searchsorted(xp, x).clamp(1, len(xp) - 1)
     x0, x1 = xp[index - 1], xp[index]
@@ -85,7 +74,9 @@ def _interp(x: Tensor, xp: Tensor, fp: Tensor) -> Tensor:
     return fp[index - 1] + weight * (fp[index] - fp[index - 1])
 
 
-def interpolate_path(keyframes: Tensor, frames: int, closed: bool = False, table_steps: int = 256) -> Tensor:
+def interpolate_path(
+    keyframes: Float[Tensor, "keys 4 4"], frames: int, closed: bool = False, table_steps: int = 256
+) -> Float[Tensor, "frames 4 4"]:
     """A smooth path through the cameras `keyframes` `[keys, 4, 4]`, in their order.
 
     Positions follow a Catmull-Rom spline through the camera centres, travelled at constant speed
@@ -119,7 +110,8 @@ def interpolate_path(keyframes: Tensor, frames: int, closed: bool = False, table
     segment = u.floor().long().clamp(max=segments - 1)
     fraction = (u - segment).numpy()
     rotations = Rotation.from_matrix(keyframes[:, :3, :3].numpy())
-    start, end = rotations[segment.numpy()], rotations[((segment + 1) % keys).numpy()]
+    start = Rotation.concatenate([rotations[index] for index in segment.tolist()])
+    end = Rotation.concatenate([rotations[index] for index in ((segment + 1) % keys).tolist()])
     turn = (start.inv() * end).as_rotvec()  # shortest rotation from one keyframe to the next
     slerped = start * Rotation.from_rotvec(fraction[:, None] * turn)
 

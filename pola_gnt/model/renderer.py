@@ -5,16 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
+from pola_gnt.geometry.rays import Rays, pixel_grid, pixel_rays
+from pola_gnt.geometry.samples import sample_depths
 from pola_gnt.model.gnt import GNT, SourceViews
-from pola_gnt.render.rays import Rays, pixel_grid, pixel_rays, sample_depths
 
 
 @dataclass
 class RenderedImage:
-    rgb: Tensor  # [H, W, 3], clipped to [0, 1]
-    depth: Tensor  # [H, W] expected camera z-depth
+    rgb: Float[Tensor, "height width 3"]  # clipped to [0, 1]
+    depth: Float[Tensor, "height width"]  # expected camera z-depth
 
 
 @torch.inference_mode()
@@ -25,7 +27,7 @@ def render_rays(
     depth_range: tuple[float, float],
     n_samples: int,
     chunk_rays: int,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Float[Tensor, "rays 3"], Float[Tensor, " rays"]]:
     """Colour `[rays, 3]` (clipped) and depth `[rays]` with deterministic samples, `chunk_rays` at a time."""
     near, far = depth_range
     colours, depths = [], []
@@ -41,8 +43,8 @@ def render_rays(
 @torch.inference_mode()
 def render_image(
     model: GNT,
-    c2w: Tensor,
-    intrinsics: Tensor,
+    c2w: Float[Tensor, "4 4"],
+    intrinsics: Float[Tensor, "3 3"],
     height: int,
     width: int,
     sources: SourceViews,

@@ -17,17 +17,14 @@ CLI `--lpips-weights`), `$POLA_GNT_LPIPS_WEIGHTS`, then torchvision's pretrained
 cache, else download). When none works, LPIPS is reported as unavailable (`None`) with one line on
 stderr: a randomly initialised backbone is never used.
 
-CLI: `python -m pola_gnt.metrics PRED_IMAGE GT_IMAGE [--lpips-net alex|vgg] [--lpips-weights NPZ]`
-prints one JSON object `{"psnr", "ssim", "lpips", "lpips_net"}`.
+CLI (`__main__.py`): `python -m pola_gnt.metrics PRED_IMAGE GT_IMAGE [--lpips-net alex|vgg]
+[--lpips-weights NPZ]` prints one JSON object `{"psnr", "ssim", "lpips", "lpips_net"}`.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
-import json
-import math
 import os
 import re
 import sys
@@ -42,16 +39,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import torchvision
+from jaxtyping import Float
 from torch import Tensor
 
 from pola_gnt.data.llff import read_image as read_rgb8
-from pola_gnt.errors import UserError, exit_on_user_error
+from pola_gnt.errors import UserError
 from pola_gnt.paths import LPIPS_WEIGHTS_ENV
 
 LPIPS_NETS = ("alex", "vgg")
 PROTOCOLS = ("standard", "gnt")  # standard, or GNT-compatible (see metrics_protocol.md)
 SSIM_PADDINGS = ("valid", "same")
 SSIM_WINDOW = 11
+LOGGED_MIN_MSE = 1e-10  # training / validation PSNR and the analysis' ray PSNR stop at 100 dB
 # AlexNet's strided first convolution and two 3x3 max-pools need at least 31 pixels per side, VGG's
 # four max-pools 16, SSIM's valid window 11: below this no metric is defined for every network.
 MIN_IMAGE_SIDE = 32
@@ -85,11 +84,19 @@ def _per_image(values: Tensor, like: Tensor) -> Tensor:
     return values[0] if like.ndim == 3 else values
 
 
+def mse_to_psnr(mse: Float[Tensor, "*batch"], min_mse: float | None = None) -> Float[Tensor, "*batch"]:
+    """PSNR in dB, data range 1, of a mean squared error: `-10 log10(mse)` (inf for 0), or of
+    `max(mse, min_mse)` (the PSNR logged while training is finite: `LOGGED_MIN_MSE`)."""
+    if min_mse is not None:
+        mse = mse.clamp(min=min_mse)
+    return -10.0 * torch.log10(mse)
+
+
 def psnr(pred: Tensor, gt: Tensor) -> Tensor:
     """Peak signal-to-noise ratio in dB, data range 1, per image: `[]` or `[B]` (inf if identical)."""
     pred_batch, gt_batch = _paired_batches(pred, gt)
     mse = (pred_batch - gt_batch).square().flatten(1).mean(dim=1)  # [B]
-    return _per_image(-10.0 * torch.log10(mse), pred)
+    return _per_image(mse_to_psnr(mse), pred)
 
 
 def ssim(pred: Tensor, gt: Tensor, padding: str = "valid") -> Tensor:
@@ -371,50 +378,9 @@ class ImageMetrics:
 
 
 # --------------------------------------------------------------------------------------------
-# CLI
+# Image files (the CLI's inputs, `python -m pola_gnt.metrics`: `__main__.py`)
 
 
-def read_image(path: str | Path) -> Tensor:
+def read_float_image(path: str | Path) -> Float[Tensor, "height width 3"]:
     """An 8-bit image file -> float32 `[H, W, 3]` in [0, 1] (alpha dropped, grayscale expanded)."""
     return torch.from_numpy(read_rgb8(Path(path)).astype(np.float32) / 255.0)
-
-
-def _json_number(value: float | None) -> float | None:
-    # JSON has no infinity: identical images (infinite PSNR) are written as null.
-    return value if value is not None and math.isfinite(value) else None
-
-
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m pola_gnt.metrics",
-        description="PSNR, SSIM and LPIPS of one image against its ground truth, as one JSON object.",
-        epilog=(
-            f"LPIPS weights: --lpips-weights, else ${LPIPS_WEIGHTS_ENV}, else torchvision's download; "
-            "lpips is null when none is found. psnr is null for identical images (infinite)."
-        ),
-    )
-    parser.add_argument("pred", type=Path, help="rendered image (8-bit PNG/JPG)")
-    parser.add_argument("gt", type=Path, help="ground-truth image of the same size")
-    parser.add_argument("--lpips-net", choices=LPIPS_NETS, default="alex")
-    parser.add_argument("--lpips-weights", type=Path, default=None, help="LPIPS npz (see shared/lpips)")
-    return parser.parse_args(argv)
-
-
-@exit_on_user_error
-def main(argv: list[str] | None = None) -> None:
-    args = _parse_args(argv)
-    pred, gt = read_image(args.pred), read_image(args.gt)  # [H, W, 3]
-    if pred.shape != gt.shape:
-        raise UserError(
-            f"{args.pred}: size {pred.shape[1]}x{pred.shape[0]} differs from {args.gt} ({gt.shape[1]}x{gt.shape[0]})"
-        )
-    if min(pred.shape[:2]) < MIN_IMAGE_SIDE:
-        raise UserError(f"{args.pred}: images need at least {MIN_IMAGE_SIDE} pixels per side")
-    metrics = ImageMetrics(lpips_net=args.lpips_net, lpips_weights=args.lpips_weights)
-    scores = metrics(pred, gt)
-    report = {name: _json_number(value) for name, value in scores.items()}
-    print(json.dumps(report | {"lpips_net": args.lpips_net}))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,37 @@
+"""Depth samples along rays: uniform in inverse depth (disparity) between the near and far bounds."""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+
+def sample_depths(
+    near: float | Tensor,
+    far: float | Tensor,
+    n_rays: int,
+    n_samples: int,
+    jitter: bool,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> Float[Tensor, "rays samples"]:
+    """Depths `[rays, samples]` uniform in inverse depth between `near` and `far`.
+
+    With `jitter`, each sample is drawn uniformly inside its disparity bin (training); without,
+    samples sit at the bin edges including both ends (deterministic evaluation, as GNT).
+    """
+    near_disp = 1.0 / torch.as_tensor(near, dtype=torch.float32, device=device)
+    far_disp = 1.0 / torch.as_tensor(far, dtype=torch.float32, device=device)
+    fractions = torch.linspace(0.0, 1.0, n_samples, device=device).expand(n_rays, n_samples)
+    if jitter:
+        # Move each sample uniformly within the bin around it (midpoints as bin edges).
+        mids = 0.5 * (fractions[:, 1:] + fractions[:, :-1])
+        upper = torch.cat([mids, fractions[:, -1:]], dim=-1)
+        lower = torch.cat([fractions[:, :1], mids], dim=-1)
+        uniform = torch.rand(
+            (n_rays, n_samples), generator=generator, device=generator.device if generator else device
+        ).to(fractions.device)
+        fractions = lower + (upper - lower) * uniform
+    disparity = near_disp * (1.0 - fractions) + far_disp * fractions
+    return 1.0 / disparity
