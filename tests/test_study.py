@@ -10,7 +10,8 @@ import statistics
 from pathlib import Path
 
 import pytest
-from conftest import TINY_OVERRIDES, run_module
+from conftest import TINY_OVERRIDES
+from helpers import run_in_process, run_module
 from omegaconf import OmegaConf
 
 from pola_gnt.budget import budget_document, max_time_seconds, training_document
@@ -253,7 +254,7 @@ def test_multirun_trains_every_model_and_the_report_pairs_them(tmp_path, tiny_ru
         assert document["mean"] == single["mean"] and document["per_image"] == single["per_image"]
 
     out = tmp_path / "report"
-    result = run_module("report", str(sweep), "--out", str(out))
+    result = run_in_process("report", str(sweep), "--out", str(out))
     assert result.returncode == 0, result.stderr[-2000:]
     with (out / "report_study.csv").open(newline="") as handle:
         rows = list(csv.DictReader(handle))
@@ -268,7 +269,7 @@ def test_multirun_trains_every_model_and_the_report_pairs_them(tmp_path, tiny_ru
 
 
 def test_time_budget_stops_training_and_is_labelled(tmp_path):
-    result = run_module(
+    result = run_in_process(
         "train",
         *TINY_OVERRIDES,
         "trainer.max_steps=100000",

@@ -8,7 +8,6 @@ import io
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass
 from unittest import mock
 
@@ -47,19 +46,22 @@ def run_module(
 
 # Hydra leaves Python's logging as it is (no log file, no handler bound to the captured streams).
 _KEEP_LOGGING = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
+ARGPARSE_COMMANDS = ("report", "metrics")  # plain command lines, not Hydra apps
+PACKAGE_COMMANDS = ("data", "metrics")  # `python -m pola_gnt.<package>`: their `__main__` module
 
 
 def run_in_process(module: str, *overrides: str) -> CommandResult:
-    """Call the `main()` of entry point `pola_gnt.<module>` (a Hydra app: `module` may be `data` for
-    `python -m pola_gnt.data`) with these command-line overrides in this process; its exit code
-    (0 when `main` returns, the `SystemExit` code otherwise) and what it printed."""
+    """Call the `main()` of entry point `pola_gnt.<module>` (`data` for `python -m pola_gnt.data`)
+    with these command-line arguments in this process; its exit code (0 when `main` returns, the
+    `SystemExit` code otherwise) and what it printed. Hydra apps leave Python's logging alone."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
-    name = f"pola_gnt.{module}" + (".__main__" if module == "data" else "")
+    name = f"pola_gnt.{module}" + (".__main__" if module in PACKAGE_COMMANDS else "")
     entry = importlib.import_module(name)
     extra = list(getattr(entry, "NO_OUTPUT_OVERRIDES", []))  # as `python -m pola_gnt.data` adds them
-    argv = [name, *extra, *_KEEP_LOGGING, *overrides]
+    hydra_app = module not in ARGPARSE_COMMANDS
+    argv = [name, *extra, *(_KEEP_LOGGING if hydra_app else []), *overrides]
     stdout, stderr = io.StringIO(), io.StringIO()
     code = 0
     try:
@@ -88,6 +90,3 @@ def assert_one_error_line(result, *fragments: str, code: int = USER_ERROR_EXIT_C
         assert fragment in lines[0], (fragment, lines[0])
     return lines[0]
 
-
-def error_lines(text: str) -> Sequence[str]:
-    return [line for line in text.strip().splitlines() if line.startswith("error:")]
