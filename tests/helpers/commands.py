@@ -89,4 +89,3 @@ def assert_one_error_line(result, *fragments: str, code: int = USER_ERROR_EXIT_C
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
     return lines[0]
-
