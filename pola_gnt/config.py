@@ -65,10 +65,16 @@ class RunFolderCheck(HydraCallback):
     gives one `error:` line (exit 2) instead of Hydra's traceback."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        self._check(Path(str(config.hydra.run.dir)).expanduser())
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self._check(Path(str(config.hydra.sweep.dir)).expanduser())
+
+    @staticmethod
+    def _check(folder: Path) -> None:
         from pola_gnt.errors import USER_ERROR_EXIT_CODE
         from pola_gnt.runfiles import disk_error
 
-        folder = Path(str(config.hydra.run.dir)).expanduser()
         try:
             folder.mkdir(parents=True, exist_ok=True)
             if not os.access(folder, os.W_OK):
@@ -203,6 +209,9 @@ def validate_config(cfg: DictConfig) -> None:
     ckpt_path = get("ckpt_path")
     if ckpt_path is not None and not isinstance(ckpt_path, str):
         raise UserError(f"ckpt_path: must be last or a checkpoint file, got {ckpt_path!r}")
+    from pola_gnt.budget import MAX_TIME_KEY, max_time_seconds
+
+    max_time_seconds(OmegaConf.select(cfg, MAX_TIME_KEY))  # one line naming the key if malformed
 
 
 def check_scene_config(cfg: DictConfig, scene) -> None:

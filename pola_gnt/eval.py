@@ -37,7 +37,12 @@ def evaluate(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> dict |
     # The machine settings (accelerator, precision, devices) are the command line's; nothing is logged
     # or checkpointed: the results are the files written by the test phase.
     trainer: pl.Trainer = instantiate(
-        config.trainer, logger=False, callbacks=[], enable_checkpointing=False, default_root_dir=str(run_dir)
+        config.trainer,
+        logger=False,
+        callbacks=[],
+        enable_checkpointing=False,
+        default_root_dir=str(run_dir),
+        max_time=None,  # a training budget; the run's own is reported from the checkpoint
     )
     if trainer.is_global_zero:
         print(f"checkpoint  {trained.path} ({config.model.name}, step {trained.system.checkpoint_step})", flush=True)

@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,11 +24,22 @@ from torch import Tensor
 
 from pola_gnt.data.llff import Scene, to_uint8
 from pola_gnt.data.source_views import nearest_views
+from pola_gnt.depth_metrics import DEPTH_METRICS, best_constant_errors, depth_errors
 from pola_gnt.metrics import ImageMetrics
 from pola_gnt.runfiles import strict_json_values, write_atomic
 
 METRIC_NAMES = ("psnr", "ssim", "lpips")
 BASELINE_METHOD = "nearest_train_image"
+DEPTH_NAMES = tuple(f"depth_{name}" for name in DEPTH_METRICS)  # depth_abs_rel, depth_rmse
+DEPTH_BASELINE_NAMES = tuple(f"depth_baseline_{name}" for name in DEPTH_METRICS)
+DEPTH_BASELINE_METHOD = "best_constant_depth"
+DEPTH_DEFINITION = {
+    "reference": "exact depth of the demo scene's analytic geometry (ray-traced)",
+    "quantity": "camera z-depth at the pixel centres; rendered: the read-out's expected depth sum_s w_s t_s",
+    "units": "the demo scene's own units (its back wall is at z = 9), not the normalised scene's",
+    "baseline": "per view, the constant depth minimising each error: the mean for RMSE, the 1/depth-weighted "
+    "median for abs-rel",
+}
 
 
 def protocol_stride(protocol: str) -> int:
@@ -53,18 +65,44 @@ class ViewResult:
     rgb: Float[Tensor, "height width 3"] | None = field(default=None, repr=False)  # prediction in [0, 1]
     gt: Float[Tensor, "height width 3"] | None = field(default=None, repr=False)
     depth: Float[Tensor, "height width"] | None = field(default=None, repr=False)
+    # With an exact depth (demo scene): depth_abs_rel, depth_rmse and the best constant's, per view.
+    depth_scores: dict[str, float] | None = None
+    exact_depth: Float[Tensor, "height width"] | None = field(default=None, repr=False)  # the rendered depth's units
 
     def row(self) -> dict:
-        return {"index": self.index, "name": self.name, **self.scores}
+        return {"index": self.index, "name": self.name, **self.scores, **(self.depth_scores or {})}
 
 
 class ViewScorer:
-    """Scores one rendered test view and the no-learning baseline (nearest training image, unwarped)."""
+    """Scores one rendered test view and the no-learning baseline (nearest training image, unwarped);
+    with `exact_depth` (`view -> [H, W]` in the rendered depth's units, `scenes.exact_depth_source`),
+    also the rendered depth and the best constant depth against it, in the scene's own units."""
 
-    def __init__(self, scene: Scene, metrics: ImageMetrics, protocol: str):
+    def __init__(
+        self,
+        scene: Scene,
+        metrics: ImageMetrics,
+        protocol: str,
+        exact_depth: Callable[[int], Tensor] | None = None,
+    ):
         self.scene = scene
         self.metrics = metrics
         self.stride = protocol_stride(protocol)
+        self.exact_depth = exact_depth
+
+    def depth_scores(self, view: int, depth: Tensor) -> tuple[dict[str, float], Tensor]:
+        """Errors of the rendered `depth` and of the best constant, in the scene's own units
+        (the normalised units divided by `scene.scale`), and the exact depth at the scored pixels."""
+        if self.exact_depth is None:
+            raise ValueError("ViewScorer.depth_scores: no exact depth for this scene")
+        exact = self.exact_depth(view)[:: self.stride, :: self.stride]
+        own_units = 1.0 / self.scene.scale
+        rendered = depth_errors(depth.cpu().double() * own_units, exact * own_units)
+        constant = best_constant_errors(exact * own_units)
+        return {
+            **{f"depth_{k}": rendered[k] for k in DEPTH_METRICS},
+            **{f"depth_baseline_{k}": constant[k] for k in DEPTH_METRICS},
+        }, exact
 
     def ground_truth(self, view: int) -> Tensor:  # [H / stride, W / stride, 3]
         return self.scene.images[view, :: self.stride, :: self.stride]
@@ -76,6 +114,7 @@ class ViewScorer:
 
     def __call__(self, view: int, rgb: Tensor, depth: Tensor, keep_images: bool = True) -> ViewResult:
         gt = self.ground_truth(view).to(rgb.device)
+        depth_scores, exact = self.depth_scores(view, depth) if self.exact_depth is not None else (None, None)
         return ViewResult(
             index=view,
             name=self.scene.image_names[view],
@@ -84,12 +123,14 @@ class ViewScorer:
             rgb=rgb.cpu() if keep_images else None,
             gt=gt.cpu() if keep_images else None,
             depth=depth.cpu() if keep_images else None,
+            depth_scores=depth_scores,
+            exact_depth=exact.float() if keep_images and exact is not None else None,
         )
 
 
-def mean_scores(rows: list[dict]) -> dict[str, float | None]:
+def mean_scores(rows: list[dict], names: tuple[str, ...] = METRIC_NAMES) -> dict[str, float | None]:
     means = {}
-    for name in METRIC_NAMES:
+    for name in names:
         values = [row[name] for row in rows]
         means[name] = None if any(v is None for v in values) else float(statistics.fmean(values))
     return means
@@ -100,11 +141,25 @@ def metrics_document(header: dict, results: list[ViewResult]) -> dict:
     a non-finite score is `null`, and `null_reasons` says which and why."""
     results = sorted(results, key=lambda r: r.index)
     reasons: dict[str, str] = {}
+    depth = [r.depth_scores for r in results if r.depth_scores is not None]
+    if depth and len(depth) != len(results):
+        raise ValueError("exact-depth scores for some test views only")
+    depth_sections = {}
+    if depth:
+        baseline = mean_scores(depth, DEPTH_BASELINE_NAMES)
+        depth_sections = {
+            "depth_baseline": {
+                "method": DEPTH_BASELINE_METHOD,
+                **{f"depth_{k}": baseline[f"depth_baseline_{k}"] for k in DEPTH_METRICS},
+            },
+            "depth_definition": DEPTH_DEFINITION,
+        }
     document = strict_json_values(
         {
             **header,
-            "mean": mean_scores([r.scores for r in results]),
+            "mean": {**mean_scores([r.scores for r in results]), **(mean_scores(depth, DEPTH_NAMES) if depth else {})},
             "baseline": {"method": BASELINE_METHOD, **mean_scores([r.baseline for r in results])},
+            **depth_sections,
             "per_image": [r.row() for r in results],
         },
         reasons=reasons,
@@ -145,11 +200,20 @@ def write_results(
             write_atomic(views_dir / f"{stem}_gt.png", _png_bytes(to_uint8(result.gt)))
             write_atomic(views_dir / f"{stem}_error.png", _png_bytes(to_uint8(error)))
             write_atomic(views_dir / f"{stem}_depth.png", _png_bytes(colorize_depth(result.depth, *depth_range)))
+            if result.exact_depth is not None:  # the same colour map and range as the rendered depth
+                write_atomic(
+                    views_dir / f"{stem}_depth_exact.png", _png_bytes(colorize_depth(result.exact_depth, *depth_range))
+                )
+    has_depth = "depth_baseline" in document
     csv_buffer = io.StringIO()
-    writer = csv.DictWriter(csv_buffer, fieldnames=["index", "name", *METRIC_NAMES])
+    depth_fields = [*DEPTH_NAMES, *DEPTH_BASELINE_NAMES] if has_depth else []
+    writer = csv.DictWriter(csv_buffer, fieldnames=["index", "name", *METRIC_NAMES, *depth_fields])
     writer.writeheader()
     writer.writerows(document["per_image"])
-    writer.writerow({"index": "mean", "name": "", **document["mean"]})
+    mean_row = {"index": "mean", "name": "", **document["mean"]}
+    if has_depth:
+        mean_row.update({f"depth_baseline_{k}": document["depth_baseline"][f"depth_{k}"] for k in DEPTH_METRICS})
+    writer.writerow(mean_row)
     writer.writerow(
         {"index": "baseline", "name": BASELINE_METHOD, **{k: document["baseline"][k] for k in METRIC_NAMES}}
     )
@@ -175,4 +239,9 @@ def format_table(document: dict) -> str:
     lines.append(
         f"{'baseline (nearest view)':<24}" + "".join(f"{cell(document['baseline'][m]):>8}" for m in METRIC_NAMES)
     )
+    if "depth_baseline" in document:
+        mean, constant = document["mean"], document["depth_baseline"]
+        lines.append(f"{'depth (exact reference)':<24}{'abs-rel':>8}{'RMSE':>8}")
+        lines.append(f"{'rendered':<24}{cell(mean['depth_abs_rel']):>8}{cell(mean['depth_rmse']):>8}")
+        lines.append(f"{'best constant':<24}{cell(constant['depth_abs_rel']):>8}{cell(constant['depth_rmse']):>8}")
     return "\n".join(lines)

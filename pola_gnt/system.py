@@ -4,6 +4,7 @@ loader build it; it sits above the model and the scoring it joins."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -12,11 +13,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.callbacks import Timer
 from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 
+from pola_gnt.budget import budget_document, timer_seconds_in_checkpoint, training_document
 from pola_gnt.checkpoints import container_dict
 from pola_gnt.data.batches import RayBatch, SourceBatch, ViewBatch
 from pola_gnt.data.llff import Scene
+from pola_gnt.data.scenes import exact_depth_source
 from pola_gnt.metrics import LOGGED_MIN_MSE, mse_to_psnr
 from pola_gnt.model.gnt import GNT, RayOutput, SourceViews
 from pola_gnt.model.renderer import render_image
@@ -45,6 +49,10 @@ class GNTSystem(pl.LightningModule):
         self.scene: Scene | None = None
         self.output_dir: Path | None = None
         self.checkpoint_step = 0  # global step of the loaded checkpoint (trainer.test does not restore it)
+        self.checkpoint_train_time_s: float | None = None  # training wall time stored in that checkpoint
+        self.checkpoint_config: dict | None = None  # the run config stored in that checkpoint
+        self.test_started = 0.0
+        self.fit_timer: Timer | None = None  # the Timer of a fit in this process (set by `train`)
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> GNTSystem:
@@ -85,6 +93,25 @@ class GNTSystem(pl.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.checkpoint_step = int(checkpoint.get("global_step", 0))
+        self.checkpoint_train_time_s = timer_seconds_in_checkpoint(checkpoint)
+        self.checkpoint_config = (checkpoint.get("hyper_parameters") or {}).get("config")
+
+    def _fit_timer(self) -> Timer | None:
+        """The Timer of a fit in this process (None under eval)."""
+        timer = self.fit_timer
+        return timer if timer is not None and timer.start_time("train") is not None else None
+
+    def training_summary(self, global_step: int) -> tuple[DictConfig, dict, dict]:
+        """The config training ran under, its budget and its `training` record: this process's fit
+        (earlier parts of a resumed run included, via the Timer's saved state), or under eval the
+        loaded checkpoint's stored config and time (eval takes the machine's `trainer` settings)."""
+        timer = self._fit_timer()
+        if timer is None and self.checkpoint_config is not None:
+            config, seconds = OmegaConf.create(self.checkpoint_config), self.checkpoint_train_time_s
+        else:
+            config, seconds = self.cfg, timer.time_elapsed("train") if timer is not None else None
+        budget = budget_document(config)
+        return config, budget, training_document(budget, global_step, seconds)
 
     # ---- testing: render every held-out view, score it, write the results --------------------
 
@@ -94,8 +121,15 @@ class GNTSystem(pl.LightningModule):
         return self.scene
 
     def on_test_epoch_start(self) -> None:
-        self.scorer = ViewScorer(self._test_scene(), build_image_metrics(self.cfg.metrics), self.cfg.metrics.protocol)
+        scene = self._test_scene()
+        self.scorer = ViewScorer(
+            scene,
+            build_image_metrics(self.cfg.metrics),
+            self.cfg.metrics.protocol,
+            exact_depth=exact_depth_source(self.cfg.scene, scene),
+        )
         self.test_results = []
+        self.test_started = time.perf_counter()
 
     def test_step(self, batch: ViewBatch, batch_idx: int) -> None:
         scene = self._test_scene()
@@ -123,10 +157,13 @@ class GNTSystem(pl.LightningModule):
             results = [r for part in gathered for r in part]
         if not self.trainer.is_global_zero:
             return
+        test_time_s = time.perf_counter() - self.test_started  # rendering and scoring the test views
         scene = self._test_scene()
         if self.output_dir is None:
             raise RuntimeError("GNTSystem.output_dir: set the folder for metrics.json before trainer.test")
         stride = protocol_stride(self.cfg.metrics.protocol)
+        global_step = max(int(self.global_step), self.checkpoint_step)
+        training_config, budget, training = self.training_summary(global_step)
         height, width = scene.resolution
         header = {
             "scene": self.cfg.scene.name,
@@ -139,7 +176,11 @@ class GNTSystem(pl.LightningModule):
             "metric_settings": self.scorer.metrics.settings,
             "n_samples": self.cfg.render.n_samples,
             "num_source_views": self.cfg.data.num_source_views,
-            "global_step": max(int(self.global_step), self.checkpoint_step),
+            "global_step": global_step,
+            "seed": int(training_config.seed),
+            "budget": budget,
+            "training": training,
+            "test_time_s": test_time_s,
         }
         self.test_document = write_results(
             self.output_dir, header, results, scene.depth_range, self.cfg.output.save_images

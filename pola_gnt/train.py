@@ -32,18 +32,20 @@ if __name__ == "__main__":  # installed before the slow imports; `train()` insta
 import csv
 import io
 import shlex
+from datetime import timedelta
 from pathlib import Path
 
 import pytorch_lightning as pl
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
-from omegaconf import DictConfig
-from pytorch_lightning.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, Timer
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.utilities import rank_zero_only
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
+from pola_gnt.budget import MAX_TIME_KEY, max_time_seconds
 from pola_gnt.checkpoints import (
     CHECKPOINT_DIR,
     check_compatible,
@@ -173,12 +175,25 @@ class AppendingCSVLogger(CSVLogger):
         return self._experiment
 
 
+def fit_timer(cfg: DictConfig) -> Timer:
+    """Our own Timer (Lightning then adds none): it enforces `trainer.max_time` in any of its accepted
+    forms (budget.py), times training under a steps budget too, and is saved in the checkpoints."""
+    max_time = max_time_seconds(OmegaConf.select(cfg, MAX_TIME_KEY))
+    return Timer(duration=None if max_time is None else timedelta(seconds=max_time), interval="step", verbose=False)
+
+
 def build_trainer(
-    cfg: DictConfig, run_dir: Path, last: LastCheckpoint, resume_step: int = 0, signals: StopSignals | None = None
+    cfg: DictConfig,
+    run_dir: Path,
+    last: LastCheckpoint,
+    timer: Timer,
+    resume_step: int = 0,
+    signals: StopSignals | None = None,
 ) -> pl.Trainer:
     checkpoint_dir = run_dir / CHECKPOINT_DIR
     callbacks = [
         TrainingGuard(signals),
+        timer,
         ModelCheckpoint(
             dirpath=checkpoint_dir,
             filename="best-step{step}-psnr{val/psnr:.2f}",
@@ -197,7 +212,12 @@ def build_trainer(
         AppendingCSVLogger(run_dir, name="csv", version="", resume_step=resume_step),
     ]
     return instantiate(
-        cfg.trainer, callbacks=callbacks, logger=loggers, default_root_dir=str(run_dir), plugins=[SafeCheckpointIO()]
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=loggers,
+        default_root_dir=str(run_dir),
+        plugins=[SafeCheckpointIO()],
+        max_time=None,  # enforced by the Timer above
     )
 
 
@@ -308,8 +328,8 @@ def _fit_and_test(
     datamodule = SceneDataModule(cfg, scene)
     system = GNTSystem.from_config(cfg)
     system.output_dir, system.scene = run_dir, scene
-    last = LastCheckpoint(run_dir / CHECKPOINT_DIR / LAST)
-    trainer = build_trainer(cfg, run_dir, last, resume_step, signals)
+    last, system.fit_timer = LastCheckpoint(run_dir / CHECKPOINT_DIR / LAST), fit_timer(cfg)
+    trainer = build_trainer(cfg, run_dir, last, system.fit_timer, resume_step, signals)
     if trainer.is_global_zero:
         print(scene.summary(), flush=True)
     phase = "training"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ import pytest
 # Type and shape checks (jaxtyping + beartype) of every pola_gnt function in this process and in the
 # commands the tests start: set before pola_gnt is first imported (its import installs the hook).
 os.environ["POLA_GNT_CHECK_SHAPES"] = "1"
+# beartype reads omegaconf's DictConfig as a `typing.MutableMapping` hint and warns about that alias.
+warnings.filterwarnings("ignore", message=r".*typing\.MutableMapping.*deprecated by PEP 585")
 
 import torch  # noqa: E402
 

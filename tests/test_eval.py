@@ -56,14 +56,21 @@ def test_eval_reproduces_the_training_metrics(tiny_runs, tmp_path, model, overri
     result = run_module("eval", *overrides, f"ckpt_path={checkpoint}", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
     evaluated = json.loads((tmp_path / "metrics.json").read_text())
-    for key in ("scene", "model", "protocol", "lpips_net", "resolution", "global_step", "metric_settings"):
+    keys = ("scene", "model", "protocol", "lpips_net", "resolution", "global_step", "metric_settings", "seed", "budget")
+    for key in (*keys, "depth_baseline"):
         assert evaluated[key] == trained[key], key
+    # The training record comes from the checkpoint (its config and Lightning's Timer state): the
+    # time when last.ckpt was written, just before training ended.
+    training, from_checkpoint = trained["training"], evaluated["training"]
+    assert training["stopped_by"] == from_checkpoint["stopped_by"] == "max_steps"
+    assert training["steps"] == from_checkpoint["steps"] == 6
+    assert 0 < from_checkpoint["wall_time_s"] <= training["wall_time_s"]
     assert evaluated["mean"] == trained["mean"]
     assert evaluated["baseline"] == trained["baseline"]
     assert evaluated["per_image"] == trained["per_image"]
     assert (tmp_path / "metrics.csv").read_text() == (run_dir / "metrics.csv").read_text()
     assert "baseline (nearest view)" in result.stdout  # the table is printed
-    for kind in ("pred", "gt", "error", "depth"):
+    for kind in ("pred", "gt", "error", "depth", "depth_exact"):
         assert (tmp_path / "test_views" / f"image000_{kind}.png").is_file()
 
 

@@ -31,11 +31,15 @@ LAYERS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
     ("geometry", {"geometry": ("pola_gnt.geometry",)}),
     ("data, attention", {"data": ("pola_gnt.data",), "attention": ("pola_gnt.attention",)}),
     ("model", {"model": ("pola_gnt.model",)}),
-    ("evaluation", {"evaluation": ("pola_gnt.metrics", "pola_gnt.scoring")}),
+    (
+        "evaluation",
+        {"evaluation": ("pola_gnt.metrics", "pola_gnt.depth_metrics", "pola_gnt.stats", "pola_gnt.scoring")},
+    ),
     (
         "runs",
         {
             "runs": (
+                "pola_gnt.budget",
                 "pola_gnt.checkpoints",
                 "pola_gnt.config",
                 "pola_gnt.system",

@@ -150,6 +150,45 @@ def test_gather_reads_the_exact_pixel_a_point_projects_to(u, v):
     assert torch.allclose(values[3:], sources.features[0, :, v, u], atol=1e-4)
 
 
+EDGE = 0.5 - 1e-3  # just inside the half-pixel strip beyond the outer pixel centres
+
+
+@pytest.mark.parametrize(
+    "u, v, row, col",
+    [
+        (-EDGE, 5, 5, 0),  # left strip
+        (WIDTH - 1 + EDGE, 7, 7, WIDTH - 1),  # right strip
+        (10, -0.3, 0, 10),  # top strip
+        (12, HEIGHT - 1 + EDGE, HEIGHT - 1, 12),  # bottom strip
+        (-0.4, -0.45, 0, 0),  # corner
+        (WIDTH - 0.6, HEIGHT - 0.8, HEIGHT - 1, WIDTH - 1),  # opposite corner
+    ],
+)
+def test_gather_reads_the_edge_pixel_in_the_half_pixel_strip(u, v, row, col):
+    """A point on an edge pixel's area but outside the outer pixel centres is visible (pixel-area
+    rule) and reads that edge pixel's colour and feature, not a blend with zero padding (which
+    would read (1 - d) times it at a distance d beyond the centre: 0.5 of it at the image border)."""
+    c2w = rotated_camera()
+    sources = make_sources(c2w)
+    sources.images = 0.5 + 0.5 * sources.images  # no dark pixels: a blend with black cannot pass
+    point = point_seen_at(c2w[0], u, v, depth=2.5)
+    gathered = gather_source_samples(point[None, None], torch.zeros(1, 3), sources)
+    assert gathered.visible.item()
+    values = gathered.values[0, 0, 0]
+    assert torch.allclose(values[:3], sources.images[0, :, row, col], atol=1e-4)
+    assert torch.allclose(values[3:], sources.features[0, :, row, col], atol=1e-4)
+
+
+@pytest.mark.parametrize("u, v", [(-0.55, 5), (WIDTH - 0.45, 7), (10, -0.51), (12, HEIGHT - 0.4)])
+def test_gather_masks_points_beyond_the_edge_pixels(u, v):
+    c2w = rotated_camera()
+    sources = make_sources(c2w)
+    point = point_seen_at(c2w[0], u, v, depth=2.5)
+    gathered = gather_source_samples(point[None, None], torch.zeros(1, 3), sources)
+    assert not gathered.visible.item()
+    assert torch.count_nonzero(gathered.values) == 0
+
+
 def test_gather_reads_quarter_resolution_features_at_the_same_normalised_position():
     c2w = rotated_camera()
     sources = make_sources(c2w, feature_size=(HEIGHT // 4, WIDTH // 4))

@@ -409,17 +409,18 @@ def demo_cameras(factor: int) -> tuple[np.ndarray, np.ndarray, int, int]:
     return demo_poses(), demo_intrinsics(factor), height, width
 
 
-def demo_depths(factor: int) -> np.ndarray:
-    """Exact camera z-depth `[views, H, W]` float32 of every view at `factor` (pixel centres)."""
+def demo_depth(view: int, factor: int) -> np.ndarray:
+    """Exact camera z-depth `[H, W]` float64 of view `view` at `factor` (pixel centres), in the
+    scene's own units (the loader's normalised scene multiplies them by `Scene.scale`)."""
     c2w, intrinsics, height, width = demo_cameras(factor)
     pixels = pixel_grid(height, width).double()
-    intrinsics_t = torch.from_numpy(intrinsics)
-    return np.stack(
-        [
-            _trace_depth(torch.from_numpy(pose), intrinsics_t, pixels).reshape(height, width).float().numpy()
-            for pose in c2w
-        ]
-    )
+    depth = _trace_depth(torch.from_numpy(c2w[view]), torch.from_numpy(intrinsics), pixels)
+    return depth.reshape(height, width).numpy()
+
+
+def demo_depths(factor: int) -> np.ndarray:
+    """Exact camera z-depth `[views, H, W]` float32 of every view at `factor` (pixel centres)."""
+    return np.stack([demo_depth(view, factor).astype(np.float32) for view in range(N_VIEWS)])
 
 
 def demo_bounds() -> np.ndarray:

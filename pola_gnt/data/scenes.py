@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig
+from torch import Tensor
 
-from pola_gnt.data.demo_scene import ensure_demo_scene
+from pola_gnt.data.demo_scene import demo_depth, ensure_demo_scene
 from pola_gnt.data.llff import Scene, load_llff_scene
 from pola_gnt.errors import UserError
 from pola_gnt.paths import default_data_root, demo_scene_dir
@@ -43,3 +46,19 @@ def load_scene(scene_cfg: DictConfig, data_cfg: DictConfig) -> Scene:
             f"the LLFF scenes; see data/README.md)"
         )
     return load_llff_scene(path, factor=int(data_cfg.factor), llffhold=int(data_cfg.llffhold), name=scene_cfg.name)
+
+
+def exact_depth_source(scene_cfg: DictConfig, scene: Scene) -> Callable[[int], Tensor] | None:
+    """For the demo scene, `view -> [H, W]` float64 exact camera z-depth at the pixel centres, in the
+    loaded (normalised) scene's units, the renderer's: the demo's own depth times `scene.scale` (the
+    normalisation is a similarity: that scale, then a rigid recentring). None for other scenes."""
+    if scene_cfg.kind != "demo":
+        return None
+
+    def exact_depth(view: int) -> Tensor:
+        depth = torch.from_numpy(demo_depth(view, scene.factor)) * scene.scale
+        if tuple(depth.shape) != scene.resolution:
+            raise ValueError(f"demo depth {tuple(depth.shape)} does not match the images {scene.resolution}")
+        return depth
+
+    return exact_depth

@@ -22,7 +22,10 @@ Changes from the original GNT code (its bugs, see docs):
 - the read-out pools the normalised tokens with learned per-sample scores, softmaxed over seen
   samples. With zero-initialised scores this starts as GNT's mean over samples, and it gives an
   honest expected depth `sum_s weights_s * depth_s`, replacing GNT's depth taken from the last
-  ray-attention row of the first sample.
+  ray-attention row of the first sample;
+- a point is inside a source image when it falls on a pixel's area (up to half a pixel beyond the
+  outer pixel centres; GNT: only between them) and is read with border padding, so the edge strip
+  reads the edge pixels' colours instead of a blend with the zero padding.
 """
 
 from __future__ import annotations
@@ -75,8 +78,15 @@ class GatheredSamples:
 def _bilinear_read(
     maps: Float[Tensor, "views channels h w"], grid: Float[Tensor, "views points 2"]
 ) -> Float[Tensor, "views points channels"]:
-    """Read `maps` `[views, C, h, w]` at normalised `grid` `[views, points, 2]` -> `[views, points, C]`."""
-    values = F.grid_sample(maps, grid[:, :, None, :], mode="bilinear", align_corners=True)  # [views, C, points, 1]
+    """Read `maps` `[views, C, h, w]` at normalised `grid` `[views, points, 2]` -> `[views, points, C]`.
+
+    Border padding: a point up to half a pixel outside the outer pixel centres is inside the image
+    (it falls on an edge pixel's area, `project_points`) and reads that edge pixel's value, as a
+    point on any other pixel's area reads nearby values; zero padding would blend it with black.
+    """
+    values = F.grid_sample(
+        maps, grid[:, :, None, :], mode="bilinear", padding_mode="border", align_corners=True
+    )  # [views, C, points, 1]
     return values[..., 0].transpose(1, 2)
 
 
