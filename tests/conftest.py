@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,6 @@ import pytest
 # Type and shape checks (jaxtyping + beartype) of every pola_gnt function in this process and in the
 # commands the tests start: set before pola_gnt is first imported (its import installs the hook).
 os.environ["POLA_GNT_CHECK_SHAPES"] = "1"
-# beartype reads omegaconf's DictConfig as a `typing.MutableMapping` hint and warns about that alias.
-warnings.filterwarnings("ignore", message=r".*typing\.MutableMapping.*deprecated by PEP 585")
 
 import torch  # noqa: E402
 
@@ -23,6 +20,11 @@ import pola_gnt  # noqa: E402, F401  (first: sets the OpenMP wait policy before 
 from pola_gnt.paths import PROJECT_ROOT  # noqa: E402
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # beartype reads omegaconf's DictConfig as a `typing.MutableMapping` hint and warns about that alias.
+    config.addinivalue_line("filterwarnings", r"ignore:.*typing\.MutableMapping.*deprecated by PEP 585")
 
 
 def _shared_dir() -> Path:
