@@ -50,7 +50,7 @@ def max_time_seconds(value) -> float | None:
         numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values())
         if unknown or not numbers or not value:
             raise UserError(f"{MAX_TIME_KEY}: {value!r} is not {expected} (keys: {', '.join(TIMEDELTA_KEYS)})")
-        seconds = timedelta(**{str(key): amount for key, amount in value.items()}).total_seconds()
+        seconds = timedelta(**{str(k): float(v) for k, v in value.items()}).total_seconds()
     else:
         seconds = math.nan
     if not (math.isfinite(seconds) and seconds > 0):

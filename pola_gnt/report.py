@@ -89,7 +89,7 @@ class Row:
     mtime: float = 0.0
     seed: int | None = None
     condition: str = UNKNOWN_CONDITION  # budget and settings: rows are compared within one condition only
-    steps: float | None = None  # a run's steps; for a seed group their mean
+    steps: float | None = None  # a group's mean of its runs' steps
     train_time_s: float | None = None
     steps_per_s: float | None = None
     test_time_s: float | None = None
@@ -242,7 +242,7 @@ def _mean(values: list[float | None]) -> float | None:
 def _std(values: list[float | None]) -> float | None:
     """Sample standard deviation (n - 1), None for fewer than two values or a missing one."""
     present = [v for v in values if v is not None]
-    return float(statistics.stdev(present)) if len(present) == len(values) >= 2 else None
+    return None if len(values) < 2 or len(present) != len(values) else float(statistics.stdev(present))
 
 
 def _seed_order(row: Row) -> tuple[int, int]:
@@ -362,7 +362,7 @@ class PairedDifference:
 
 def _summary(values: list[float | None]) -> Summary | None:
     present = [v for v in values if v is not None]
-    return summarize(present, CONFIDENCE) if values and len(present) == len(values) else None
+    return None if not values or len(present) != len(values) else summarize(present, CONFIDENCE)
 
 
 def study_groups(runs: list[Row]) -> list[GroupStats]:
@@ -423,14 +423,14 @@ def paired_differences(runs: list[Row]) -> tuple[list[PairedDifference], list[st
     return differences, notes
 
 
-def _subtract(x: float | None, y: float | None) -> float | None:
-    return None if x is None or y is None else x - y
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
 
 
 def _difference(scene: str, condition: tuple, pairs: list[tuple[str, int, Row, Row]]) -> PairedDifference:
     metrics = {}
     for m in METRICS:
-        values = [_subtract(x.scores[m], y.scores[m]) for _, _, x, y in pairs]
+        values = [_minus(x.scores[m], y.scores[m]) for _, _, x, y in pairs]
         metrics[m] = _summary(values)
     return PairedDifference(scene, *condition, pairs=[(s, seed) for s, seed, _, _ in pairs], metrics=metrics)
 
@@ -795,7 +795,7 @@ def bar_chart(rows: Sequence[Row], metric: str, path: Path) -> None:
         x = slots.index(row.scene) + (index - (len(series) - 1) / 2) * width
         draw(x, width, row.scores[metric], f"C{index}", series[index], "//" if row.kind == "mean" else None)
         score, spread = row.scores[metric], row.spread[metric]
-        if row.kind == "seeds" and score is not None and spread is not None:  # a std needs every seed's score
+        if row.kind == "seeds" and score is not None and spread is not None:
             axes.errorbar(x, score, yerr=spread, color="black", capsize=3, lw=1)
         baseline = row.baseline[metric]
         if baseline is not None:

@@ -94,7 +94,7 @@ class ViewScorer:
         """Errors of the rendered `depth` and of the best constant, in the scene's own units
         (the normalised units divided by `scene.scale`), and the exact depth at the scored pixels."""
         if self.exact_depth is None:
-            raise ValueError("ViewScorer.depth_scores: no exact depth for this scene")
+            raise RuntimeError("ViewScorer.depth_scores: the scene has no exact depth")
         exact = self.exact_depth(view)[:: self.stride, :: self.stride]
         own_units = 1.0 / self.scene.scale
         rendered = depth_errors(depth.cpu().double() * own_units, exact * own_units)
