@@ -52,6 +52,7 @@ class GNTSystem(pl.LightningModule):
         self.checkpoint_train_time_s: float | None = None  # training wall time stored in that checkpoint
         self.checkpoint_config: dict | None = None  # the run config stored in that checkpoint
         self.test_started = 0.0
+        self.fit_timer: Timer | None = None  # the Timer of a fit in this process (set by `train`)
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> GNTSystem:
@@ -97,8 +98,7 @@ class GNTSystem(pl.LightningModule):
 
     def _fit_timer(self) -> Timer | None:
         """The Timer of a fit in this process (None under eval)."""
-        callbacks: list = getattr(self.trainer, "callbacks", [])  # a Trainer property the stubs do not declare
-        timer = next((c for c in callbacks if isinstance(c, Timer)), None)
+        timer = self.fit_timer
         return timer if timer is not None and timer.start_time("train") is not None else None
 
     def training_summary(self, global_step: int) -> tuple[DictConfig, dict, dict]:

@@ -176,16 +176,25 @@ class AppendingCSVLogger(CSVLogger):
         return self._experiment
 
 
+def fit_timer(cfg: DictConfig) -> Timer:
+    """Our own Timer (Lightning then adds none): it enforces `trainer.max_time` in any of its accepted
+    forms (budget.py), times training under a steps budget too, and is saved in the checkpoints."""
+    max_time = max_time_seconds(OmegaConf.select(cfg, MAX_TIME_KEY))
+    return Timer(duration=None if max_time is None else timedelta(seconds=max_time), interval="step", verbose=False)
+
+
 def build_trainer(
-    cfg: DictConfig, run_dir: Path, last: LastCheckpoint, resume_step: int = 0, signals: StopSignals | None = None
+    cfg: DictConfig,
+    run_dir: Path,
+    last: LastCheckpoint,
+    timer: Timer,
+    resume_step: int = 0,
+    signals: StopSignals | None = None,
 ) -> pl.Trainer:
     checkpoint_dir = run_dir / CHECKPOINT_DIR
-    # Our own Timer (Lightning then adds none): it enforces `trainer.max_time` in any of its accepted
-    # forms (budget.py), times training under a steps budget too, and is saved in the checkpoints.
-    max_time = max_time_seconds(OmegaConf.select(cfg, MAX_TIME_KEY))
     callbacks = [
         TrainingGuard(signals),
-        Timer(duration=None if max_time is None else timedelta(seconds=max_time), interval="step", verbose=False),
+        timer,
         ModelCheckpoint(
             dirpath=checkpoint_dir,
             filename="best-step{step}-psnr{val/psnr:.2f}",
@@ -326,8 +335,8 @@ def _fit_and_test(
     datamodule = SceneDataModule(cfg, scene)
     system = GNTSystem.from_config(cfg)
     system.output_dir, system.scene = run_dir, scene
-    last = LastCheckpoint(run_dir / CHECKPOINT_DIR / LAST)
-    trainer = build_trainer(cfg, run_dir, last, resume_step, signals)
+    last, system.fit_timer = LastCheckpoint(run_dir / CHECKPOINT_DIR / LAST), fit_timer(cfg)
+    trainer = build_trainer(cfg, run_dir, last, system.fit_timer, resume_step, signals)
     if trainer.is_global_zero:
         print(scene.summary(), flush=True)
     phase = "training"

@@ -26,6 +26,11 @@ from pola_gnt.paths import DEMO_ENV, PROJECT_ROOT  # noqa: E402
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # beartype reads omegaconf's DictConfig as a `typing.MutableMapping` hint and warns about that alias.
+    config.addinivalue_line("filterwarnings", r"ignore:.*typing\.MutableMapping.*deprecated by PEP 585")
+
+
 def _shared_dir() -> Path:
     return Path(os.environ.get("POLA_GNT_SHARED", PROJECT_ROOT.parent / "shared")).resolve()
 
