@@ -118,12 +118,24 @@ def test_fern_scene_layout_reads_with_the_loader(fern_processed):
 
 
 def test_same_capture_same_scene(fern_processed, fern_dir, tmp_path):
-    """Deterministic: a second run on the same photos writes the same cameras and bounds, byte
-    for byte (images numbered in name order, RANSAC seeded, mapping on one thread)."""
+    """Repeatable: a second run on the same photos registers the same images in the same order and
+    finds the same cameras and bounds. Not byte for byte: COLMAP's vectorised floating-point sums can
+    round differently from run to run (seen in CI: focal lengths 0.03% apart, centres 0.05%), and
+    bundle adjustment carries that into every value; ten times that is still far below what a view
+    synthesis model notices."""
     out, summary = fern_processed
     again = _process(fern_dir / "images_8", tmp_path / "again")
-    assert (tmp_path / "again" / "poses_bounds.npy").read_bytes() == (out / "poses_bounds.npy").read_bytes()
-    assert (again["points"], again["camera_params"]) == (summary["points"], summary["camera_params"])
+    assert again["images_registered"] == summary["images_registered"] == 20
+    assert again["not_registered"] == summary["not_registered"]
+    poses, bounds = read_poses_bounds(tmp_path / "again" / "poses_bounds.npy")
+    first_poses, first_bounds = read_poses_bounds(out / "poses_bounds.npy")
+    assert np.array_equal(poses[:, :2, 4], first_poses[:, :2, 4])  # image heights and widths
+    assert np.allclose(poses[:, 2, 4], first_poses[:, 2, 4], rtol=5e-3)  # focal length
+    errors = camera_errors(llff_to_opencv(poses[:, :, :4]), llff_to_opencv(first_poses[:, :, :4]), bounds, first_bounds)
+    assert errors.centre_error < 5e-3 and errors.rotation_error_deg < 0.5, errors
+    assert errors.bounds_error is not None and errors.bounds_error < 0.02, errors
+    assert abs(again["points"] - summary["points"]) <= 0.05 * summary["points"]
+    assert np.allclose(again["camera_params"], summary["camera_params"], rtol=5e-3, atol=1e-3)
 
 
 @pytest.mark.slow

@@ -7,8 +7,10 @@ length runs away. When COLMAP's defaults leave images out, two more attempts fol
 initialisation, then mapping with the focal length held at COLMAP's initial guess and a final
 bundle adjustment that refines it. The attempt that registers the most images wins.
 
-Deterministic: images numbered in name order, RANSAC seeded (`seed`), mapping on one thread
+Repeatable: images numbered in name order, RANSAC seeded (`seed`), mapping on one thread
 (`deterministic`; COLMAP's multi-threaded mapping gives a slightly different model every run).
+Not always byte for byte: COLMAP's vectorised floating-point sums may round differently from run
+to run, and bundle adjustment carries that into every value (about 0.05% of a camera's position).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class SfmOptions:
     max_features: int = 8192  # SIFT features kept per image, the strongest (COLMAP's default)
     threads: int = -1
     seed: int = 0
-    deterministic: bool = True  # mapping on one thread: the same capture gives the same model every run
+    deterministic: bool = True  # mapping on one thread: the same capture gives the same model (up to rounding)
 
 
 @dataclass
