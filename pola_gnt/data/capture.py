@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from pola_gnt.data.llff import IMAGE_EXTENSIONS
-from pola_gnt.errors import UserError
+from pola_gnt.errors import UserError, check_int
 
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".m4v", ".avi", ".mkv", ".webm")
 JPEG_EXTENSIONS = (".jpg", ".jpeg")
@@ -98,8 +98,7 @@ def extract_video_frames(video: Path, folder: Path, frames: int, progress: Progr
     """The sharpest frame of each of `frames` equal stretches of the video -> `frame_<index>.png`."""
     import imageio_ffmpeg
 
-    if frames < 1:
-        raise UserError(f"frames: must be a positive integer, got {frames}")
+    check_int(frames, "frames")
     try:
         total, _ = imageio_ffmpeg.count_frames_and_secs(str(video))
     except Exception as err:  # ffmpeg's messages for corrupt or truncated files vary
