@@ -19,8 +19,9 @@ machine slows both alike):
 - GFLOP per ray of the forward pass (and of forward + backward) by
   `torch.utils.flop_counter.FlopCounterMode`: matmuls, convolutions and attention kernels, with
   formulas registered for the CPU flash-attention kernel that SDPA uses on the CPU (otherwise GNT's
-  quadratic ray attention counts 0). Elementwise work (feature maps, softmax) is not counted for
-  either model. Achieved GFLOP/s follow from these counts.
+  quadratic ray attention counts 0), and for Pola-GNT's fused CPU kernels (which it cannot look
+  into). Elementwise work (feature maps, softmax) is not counted for either model. Achieved GFLOP/s
+  follow from these counts.
 
 The quick preset's size: `--views 4 --samples 32 --width 32 --blocks 2 --rays 512`.
 """
@@ -42,6 +43,7 @@ from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
+from pola_gnt.attention import cpu_kernels
 from pola_gnt.errors import UserError, exit_on_user_error
 from pola_gnt.geometry.rays import Rays, pixel_rays
 from pola_gnt.geometry.samples import sample_depths
@@ -121,8 +123,10 @@ def _register_cpu_sdpa_flops() -> None:
 
 def counted_gflop(step) -> float:
     """GFLOP of `step()`: matmuls, convolutions and attention kernels (both models' elementwise work,
-    feature maps and softmax included, is not counted)."""
+    feature maps and softmax included, is not counted). Pola-GNT's fused CPU kernels are counted by
+    their formulas (`cpu_kernels.register_flop_formulas`)."""
     _register_cpu_sdpa_flops()
+    cpu_kernels.register_flop_formulas()
     with FlopCounterMode(display=False) as counter:
         step()
     return counter.get_total_flops() / 1e9

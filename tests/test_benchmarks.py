@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from pola_gnt.attention.modules import SoftmaxRayAttention
+from pola_gnt.attention.modules import PolaRayAttention, PolaViewAttention, SoftmaxRayAttention
 from pola_gnt.paths import PROJECT_ROOT
 
 
@@ -33,6 +33,34 @@ def test_softmax_ray_attention_flops_include_the_quadratic_term():
         assert bench.counted_gflop(lambda tokens=tokens: attention(tokens).sum().backward()) * 1e9 > 3 * (
             projections + quadratic
         )
+
+
+def test_pola_attention_flops_include_the_fused_kernels():
+    """Pola-GNT's attentions on the CPU run in fused C++ kernels that FlopCounterMode cannot look into:
+    the benchmark counts them by formula, linear in the samples (ray) and views (view), on top of the
+    projections; backward counts 3x the kernels' forward."""
+    bench = _bench_render()
+    dim, heads, rays, views = 64, 4, 2, 5
+    d = dim // heads
+    ray_attention = PolaRayAttention(dim, heads, lepe=False)
+    view_attention = PolaViewAttention(dim, heads)
+    for samples in (32, 256):
+        tokens = torch.randn(rays, samples, dim)
+        projections = 2 * rays * samples * dim * (4 * dim + dim)
+        kernel = 4 * rays * heads * samples * d * d
+        assert bench.counted_gflop(lambda tokens=tokens: ray_attention(tokens)) * 1e9 == projections + kernel
+        tokens.requires_grad_(True)
+        train = bench.counted_gflop(lambda tokens=tokens: ray_attention(tokens).sum().backward()) * 1e9
+        assert train == 3 * projections + 4 * kernel
+
+        points = rays * samples
+        query, view_tokens = torch.randn(points, dim), torch.randn(points, views, dim)
+        rel_dirs, mask = torch.randn(points, views, 4), torch.ones(points, views, dtype=torch.bool)
+        inputs = (query, view_tokens, rel_dirs, mask)
+        counted = bench.counted_gflop(lambda inputs=inputs: view_attention(*inputs)) * 1e9
+        key_values = 2 * points * views * (dim + dim // 8) * 2 * dim + 2 * points * views * 4 * (dim // 8)
+        projections = 2 * points * dim * 2 * dim + key_values + 2 * points * dim * dim
+        assert counted == projections + 4 * points * views * heads * d
 
 
 def test_bench_render_runs_both_models_and_reports_ratios(tmp_path, capsys):

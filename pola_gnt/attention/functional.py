@@ -30,6 +30,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from pola_gnt.attention import cpu_kernels
 from pola_gnt.attention.features import (
     EPSILON,
     EXPONENT_CLAMP,
@@ -429,3 +430,26 @@ def polarity_attention(
         else:
             out = polarity_attention_quadratic(q_, k_, v_, temp_same_, temp_opp_, key_mask)
     return out.to(q.dtype)
+
+
+def polarity_ray_attention(
+    q: Float[Tensor, "rays samples dim"],
+    k: Float[Tensor, "rays samples dim"],
+    v: Float[Tensor, "rays samples dim"],
+    temp_same: Float[Tensor, "heads d2"],
+    temp_opp: Float[Tensor, "heads d2"],
+    sample_mask: Bool[Tensor, "rays samples"] | None,
+    heads: int,
+) -> Float[Tensor, "rays samples dim"]:
+    """Polarity self-attention over the samples of each ray with the heads in place: `q, k, v`
+    `[rays, samples, heads * d]` (channels contiguous, rows may be strided, as the chunks of one
+    projection are), temperatures `[heads, 2d]`. The same function as `polarity_attention` on the
+    heads-split tensors; on the CPU the fused kernel (`cpu_kernels`) computes it in one pass."""
+    with compute_precision(q, k, v, temp_same, temp_opp) as (q_, k_, v_, temp_same_, temp_opp_):
+        if cpu_kernels.usable(q_, q.shape[-1] // heads):
+            visible = None if sample_mask is None else sample_mask.to(q_.dtype)
+            return cpu_kernels.ray_attention(q_, k_, v_, temp_same_, temp_opp_, visible, heads).to(q.dtype)
+    q_heads, k_heads, v_heads = (x.unflatten(-1, (heads, -1)).transpose(-2, -3) for x in (q, k, v))
+    mask = None if sample_mask is None else sample_mask.unsqueeze(-2).expand(*k_heads.shape[:-1])
+    out = polarity_attention(q_heads, k_heads, v_heads, temp_same.unsqueeze(-2), temp_opp.unsqueeze(-2), mask)
+    return out.transpose(-2, -3).flatten(-2)

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
-from pola_gnt.attention.functional import polarity_attention
+from pola_gnt.attention import cpu_kernels
+from pola_gnt.attention.functional import polarity_ray_attention
 from pola_gnt.attention.view_functional import polarity_view_attention
 
 VIEW_ATTENTION_KINDS = ("pola", "softmax", "subtraction")
@@ -33,6 +34,27 @@ RAY_ATTENTION_KINDS = ("pola", "softmax")
 def relative_direction_mlp(dim: int) -> nn.Sequential:
     """GNT's `pos_fc`: embeds the 4-number relative direction `[normalize(a - b), a . b]`."""
     return nn.Sequential(nn.Linear(4, dim // 8), nn.ReLU(), nn.Linear(dim // 8, dim))
+
+
+def keys_values_with_directions(
+    view_tokens: Float[Tensor, "points views dim"],
+    rel_dirs: Float[Tensor, "points views 4"],
+    kv_weight: Float[Tensor, "dim2 dim"],
+    kv_bias: Float[Tensor, " dim2"] | None,
+    pos_fc: nn.Sequential,
+) -> Float[Tensor, "points views dim2"]:
+    """`[k + pos, v + pos]` `[points, views, 2 dim]`: the keys and values `x W_kv^T + b_kv` of the view
+    tokens, each plus the relative-direction embedding `pos = pos_fc(rel_dirs)`, as ONE matmul of
+    `[x, relu(W1 r + b1)]` with `[W_kv | W2; W2]`. The same function as projecting, embedding and
+    adding separately, but the `[points, views, dim]` tensors of `pos`, `k + pos` and `v + pos` are
+    never written and re-read: on the CPU those passes over memory cost more than the matmuls. Used by
+    every view attention kind alike (the parameters, and so the checkpoints, stay as they were)."""
+    first, activation, last = pos_fc
+    assert isinstance(first, nn.Linear) and isinstance(last, nn.Linear)
+    hidden = activation(first(rel_dirs))  # [points, views, dim / 8]
+    weight = torch.cat([kv_weight, last.weight.repeat(2, 1)], dim=1)  # [2 dim, dim + dim / 8]
+    bias = last.bias.repeat(2) if kv_bias is None else kv_bias + last.bias.repeat(2)
+    return F.linear(torch.cat([view_tokens, hidden], dim=-1), weight, bias)
 
 
 def split_heads(x: Tensor, heads: int) -> Tensor:
@@ -132,9 +154,8 @@ class PolaAttentionBase(nn.Module):
         return self._polarity_attention(q, k, v, key_mask)
 
     def _polarity_attention(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
-        temp_same, temp_opp = self.temperatures()
-        mask = None if key_mask is None else key_mask.unsqueeze(-2).expand(*k.shape[:-1])
-        return polarity_attention(q, k, v, temp_same.unsqueeze(-2), temp_opp.unsqueeze(-2), mask)
+        """The attention math for this module's layout (view form or ray form), same shapes as `_attend`."""
+        raise NotImplementedError
 
     def _gated_output(self, attended: Float[Tensor, "*tokens dim"], gate: Float[Tensor, "*tokens dim"]) -> Tensor:
         """`proj(gate * attended)`; both `[..., dim]`."""
@@ -164,10 +185,10 @@ class PolaViewAttention(PolaAttentionBase):
         view_mask: Bool[Tensor, "points views"],
     ) -> Float[Tensor, "points dim"]:
         q, gate = self.to_qg(query).chunk(2, dim=-1)  # [points, dim] each
-        k, v = self.to_kv(view_tokens).chunk(2, dim=-1)  # [points, views, dim] each
-        pos = self.pos_fc(rel_dirs)
+        kv = keys_values_with_directions(view_tokens, rel_dirs, self.to_kv.weight, self.to_kv.bias, self.pos_fc)
+        k, v = kv.chunk(2, dim=-1)  # [points, views, dim] each: k + pos, v + pos
         q = split_heads(q.unsqueeze(-2), self.heads)  # [points, heads, 1, head_dim]
-        k, v = split_heads(k + pos, self.heads), split_heads(v + pos, self.heads)  # [points, heads, views, head_dim]
+        k, v = split_heads(k, self.heads), split_heads(v, self.heads)  # [points, heads, views, head_dim]
         attended = merge_heads(self._attend(q, k, v, view_mask)).squeeze(-2)  # [points, dim]
         return self._gated_output(attended, gate)
 
@@ -199,9 +220,8 @@ class SoftmaxViewAttention(nn.Module):
         view_mask: Bool[Tensor, "points views"],
     ) -> Float[Tensor, "points dim"]:
         q = split_heads(self.to_q(query).unsqueeze(-2), self.heads)  # [points, heads, 1, head_dim]
-        k, v = self.to_kv(view_tokens).chunk(2, dim=-1)
-        pos = self.pos_fc(rel_dirs)
-        k, v = split_heads(k + pos, self.heads), split_heads(v + pos, self.heads)
+        kv = keys_values_with_directions(view_tokens, rel_dirs, self.to_kv.weight, self.to_kv.bias, self.pos_fc)
+        k, v = (split_heads(x, self.heads) for x in kv.chunk(2, dim=-1))  # k + pos, v + pos
         attended = merge_heads(masked_sdpa(q, k, v, view_mask)).squeeze(-2)
         return self.proj(attended)
 
@@ -232,16 +252,17 @@ class SubtractionViewAttention(nn.Module):
         view_mask: Bool[Tensor, "points views"],
     ) -> Float[Tensor, "points dim"]:
         q = self.to_q(query).unsqueeze(-2)  # [points, 1, dim]
-        k, v = self.to_k(view_tokens), self.to_v(view_tokens)  # [points, views, dim]
-        pos = self.pos_fc(rel_dirs)
-        scores = self.attn_fc(k - q + pos)  # [points, views, dim]
+        kv_weight = torch.cat([self.to_k.weight, self.to_v.weight])
+        kv = keys_values_with_directions(view_tokens, rel_dirs, kv_weight, None, self.pos_fc)
+        k_pos, v_pos = kv.chunk(2, dim=-1)  # k + pos, v + pos: [points, views, dim]
+        scores = self.attn_fc(k_pos - q)  # attn_fc(k - q + pos)
         # Masked views get -inf; a point with no visible view keeps finite scores (uniform softmax,
         # finite gradients) and is zeroed by multiplying with the mask afterwards.
         any_visible = view_mask.any(dim=-1, keepdim=True)  # [points, 1]
         excluded = (~view_mask & any_visible).unsqueeze(-1)
         weights = torch.softmax(scores.masked_fill(excluded, float("-inf")), dim=-2)
         weights = weights * view_mask.unsqueeze(-1).to(weights.dtype)
-        return self.out_fc(((v + pos) * weights).sum(dim=-2))
+        return self.out_fc((v_pos * weights).sum(dim=-2))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -264,10 +285,26 @@ class PolaRayAttention(PolaAttentionBase):
         q_heads, k_heads, v_heads = (split_heads(x, self.heads) for x in (q, k, v))  # [rays, heads, samples, head_dim]
         attended = merge_heads(self._attend(q_heads, k_heads, v_heads, sample_mask))  # [rays, samples, dim]
         if self.lepe is not None:
-            if sample_mask is not None:
-                v = v * sample_mask.unsqueeze(-1).to(v.dtype)
-            attended = attended + depthwise_conv_along_samples(v, self.lepe)
+            attended = self._add_lepe(attended, v, sample_mask)
         return self._gated_output(attended, gate)
+
+    def _add_lepe(self, attended: Tensor, v: Tensor, sample_mask: Tensor | None) -> Tensor:
+        """`attended + lepe(v)`, masked samples' values zeroed; both `[rays, samples, dim]`."""
+        assert self.lepe is not None
+        if v.dtype == attended.dtype and cpu_kernels.usable(v, self.head_dim):
+            visible = None if sample_mask is None else sample_mask.to(v.dtype)
+            weight = self.lepe.weight[:, 0, :].t()  # [kernel, dim]
+            return cpu_kernels.samples_conv(v, weight, self.lepe.bias, visible, attended)
+        if sample_mask is not None:
+            v = v * sample_mask.unsqueeze(-1).to(v.dtype)
+        return attended + depthwise_conv_along_samples(v, self.lepe)
+
+    def _polarity_attention(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
+        """Heads back in place (views of the projection's chunks, no copies) for the ray form:
+        q, k, v `[rays, heads, samples, d]`, key_mask `[rays, samples]`."""
+        temp_same, temp_opp = self.temperatures()
+        q, k, v = (merge_heads(x) for x in (q, k, v))  # [rays, samples, dim]
+        return split_heads(polarity_ray_attention(q, k, v, temp_same, temp_opp, key_mask, self.heads), self.heads)
 
 
 class SoftmaxRayAttention(nn.Module):

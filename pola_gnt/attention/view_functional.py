@@ -28,6 +28,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from pola_gnt.attention import cpu_kernels
 from pola_gnt.attention.features import (
     EPSILON,
     EXPONENT_CLAMP,
@@ -198,6 +199,12 @@ def polarity_view_attention(
         batch = q.shape[:-2]
         q_ = q_.reshape(-1, *q.shape[-2:])  # [P, heads, d]
         k_, v_ = (x.reshape(-1, *k.shape[-3:]) for x in (k_, v_))  # [P, keys, heads, d]
-        visible = None if key_mask is None else key_mask.reshape(-1, k.shape[-3], 1).to(q_.dtype)
-        out = _PolarityViewAttention.apply(q_, k_, v_, temp_same_, temp_opp_, visible)
+        heads, d = q.shape[-2:]
+        if cpu_kernels.usable(q_, d, views=k.shape[-3]) and temp_same_.dim() <= 2 and temp_opp_.dim() <= 2:
+            visible = None if key_mask is None else key_mask.reshape(-1, k.shape[-3]).to(q_.dtype)
+            temps = (temp_same_.expand(heads, 2 * d), temp_opp_.expand(heads, 2 * d))
+            out = cpu_kernels.view_attention(q_, k_, v_, *temps, visible)
+        else:
+            visible = None if key_mask is None else key_mask.reshape(-1, k.shape[-3], 1).to(q_.dtype)
+            out = _PolarityViewAttention.apply(q_, k_, v_, temp_same_, temp_opp_, visible)
     return out.reshape(*batch, *q.shape[-2:]).to(q.dtype)

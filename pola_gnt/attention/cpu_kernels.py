@@ -1,0 +1,217 @@
+"""Fused CPU kernels (C++, `csrc/polarity_cpu.cpp`) of GNT's two short polarity attentions.
+
+`view_attention` and `ray_attention` compute exactly `view_functional.polarity_view_attention` and
+the short linear form (`short_linear`), each point or (ray, head) whole in registers, forward and
+backward in one pass: no feature tensors, no elementwise temporaries, one parallel region per call
+(the PyTorch forms spend most of their time moving `[points, views, heads, 2d]` tensors through
+memory and in dozens of short parallel regions, which also makes them collapse when another process
+shares the CPU).
+
+The kernels are compiled on first use with the C++ compiler PyTorch finds (`torch.utils.cpp_extension`,
+about 20 s, cached under `$TORCH_EXTENSIONS_DIR`, by default `~/.cache/torch_extensions`). Without a
+compiler, or with `POLA_GNT_CPU_KERNELS=0`, `available()` is False and the callers use the PyTorch
+forms, which compute the same function.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "polarity_cpu.cpp"
+DISABLE_VARIABLE = "POLA_GNT_CPU_KERNELS"
+_LIBRARY = "pola_gnt_cpu"
+
+
+@functools.cache
+def _load() -> bool:
+    """Compile (or find the cached build of) the extension and register its operators; once per process."""
+    if os.environ.get(DISABLE_VARIABLE) == "0":
+        return False
+    # Importing cpp_extension on a machine without CUDA logs a warning about CUDA_HOME that does not
+    # concern a CPU build.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+
+        # at::parallel_for's OpenMP region is compiled into the extension, hence -fopenmp. Without
+        # trapping math GCC may if-convert the sign selections and vectorise the feature loops (the
+        # kernels never read floating-point exception flags). AVX2 and FMA
+        # where PyTorch itself runs its AVX2 (or AVX-512) kernels, so the build never uses an
+        # instruction the CPU lacks.
+        vector_flags = ["-mavx2", "-mfma"] if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else []
+        cpp_extension.load(
+            name=_LIBRARY,
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-fopenmp", "-fno-trapping-math", "-fno-math-errno", *vector_flags],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+        )
+    except Exception as error:  # no compiler, no headers, a failed build: the PyTorch forms still work
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        warnings.warn(
+            f"pola_gnt: the fused CPU attention kernels could not be built ({first_line}); "
+            "using the slower PyTorch forms (same results)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
+def available() -> bool:
+    """Whether the fused CPU kernels can run (compiles them on the first call)."""
+    return _load()
+
+
+# Head dims with a compiled kernel (fixed sizes let the inner loops unroll and vectorise), and the
+# most views the view kernel's per-thread buffers hold; other shapes take the PyTorch forms.
+HEAD_DIMS = (2, 4, 8, 16, 32, 64)
+MAX_VIEWS = 64
+
+
+def usable(q: Tensor, head_dim: int, views: int = 1) -> bool:
+    """Whether the fused CPU kernels take queries `q` (already in the compute dtype) of this head dim
+    (and, for the view attention, this many views)."""
+    supported = q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+    return supported and head_dim in HEAD_DIMS and views <= MAX_VIEWS and available()
+
+
+def _ops():
+    if not _load():
+        raise RuntimeError("pola_gnt: the fused CPU kernels are not available (check `cpu_kernels.usable` first)")
+    return getattr(torch.ops, _LIBRARY)
+
+
+class _ViewAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, temp_same, temp_opp, visible):
+        ctx.save_for_backward(q, k, v, temp_same, temp_opp, visible)
+        return _ops().view_forward(q, k, v, temp_same, temp_opp, visible)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs: Tensor):
+        (grad_out,) = grad_outputs
+        q, k, v, temp_same, temp_opp, visible = ctx.saved_tensors
+        grad_q, grad_k, grad_v, grad_same, grad_opp = _ops().view_backward(
+            grad_out.to(q.dtype), q, k, v, temp_same, temp_opp, visible
+        )
+        # Per-block partial sums, added in block order (deterministic whatever the thread count).
+        return grad_q, grad_k, grad_v, grad_same.sum(dim=0), grad_opp.sum(dim=0), None
+
+
+class _RayAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, temp_same, temp_opp, visible, heads):
+        ctx.save_for_backward(q, k, v, temp_same, temp_opp, visible)
+        ctx.heads = heads
+        return _ops().ray_forward(q, k, v, temp_same, temp_opp, visible, heads)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs: Tensor):
+        (grad_out,) = grad_outputs
+        q, k, v, temp_same, temp_opp, visible = ctx.saved_tensors
+        grad_q, grad_k, grad_v, grad_same, grad_opp = _ops().ray_backward(
+            grad_out.to(q.dtype), q, k, v, temp_same, temp_opp, visible, ctx.heads
+        )
+        return grad_q, grad_k, grad_v, grad_same.sum(dim=0), grad_opp.sum(dim=0), None, None
+
+
+class _SamplesConv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, visible, residual):
+        ctx.save_for_backward(x, weight, visible)
+        ctx.has_bias = bias is not None
+        return _ops().samples_conv_forward(x, weight, bias, visible, residual)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs: Tensor):
+        (grad_out,) = grad_outputs
+        x, weight, visible = ctx.saved_tensors
+        grad_x, grad_weight, grad_bias = _ops().samples_conv_backward(grad_out.to(x.dtype), x, weight, visible)
+        return grad_x, grad_weight.sum(dim=0), grad_bias.sum(dim=0) if ctx.has_bias else None, None, grad_out
+
+
+def samples_conv(x: Tensor, weight: Tensor, bias: Tensor | None, visible: Tensor | None, residual: Tensor) -> Tensor:
+    """`residual + conv(x * visible)`: a depthwise, zero-padded convolution along the samples of each
+    ray (`x [R, S, C]`, channels contiguous, rows may be strided; `weight [K, C]`, K odd; `bias [C]`;
+    `visible [R, S]` 0/1 or None), added to `residual [R, S, C]`. Returns a new `[R, S, C]` tensor."""
+    visible = None if visible is None else visible.contiguous()
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    residual = residual if residual.stride(-1) == 1 else residual.contiguous()
+    return _SamplesConv.apply(x, weight.contiguous(), bias, visible, residual)
+
+
+def _heads_packed(x: Tensor) -> bool:
+    """Whether each token's `[heads, d]` block of `x` `[..., heads, d]` is contiguous."""
+    return x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]
+
+
+def view_attention(
+    q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor, visible: Tensor | None
+) -> Tensor:
+    """`q [P, heads, d]`, `k, v [P, views, heads, d]`, temperatures `[heads, 2d]`, `visible [P, views]`
+    (0/1, dtype of q) or None; all in one compute dtype. The point and view axes may be strided (chunks
+    of one projection are read in place). Returns `[P, heads, d]`."""
+    q, k, v = (x if _heads_packed(x) else x.contiguous() for x in (q, k, v))
+    visible = None if visible is None else visible.contiguous()
+    return _ViewAttention.apply(q, k, v, temp_same.contiguous(), temp_opp.contiguous(), visible)
+
+
+def ray_attention(
+    q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor, visible: Tensor | None, heads: int
+) -> Tensor:
+    """Self-attention over each ray's samples: `q, k, v [R, S, heads * d]` (channels contiguous, rows
+    may be strided), temperatures `[heads, 2d]`, `visible [R, S]` (0/1) or None. Returns `[R, S, heads * d]`."""
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    visible = None if visible is None else visible.contiguous()
+    return _RayAttention.apply(q, k, v, temp_same.contiguous(), temp_opp.contiguous(), visible, heads)
+
+
+# --------------------------------------------------------------------------------------------------
+# FLOP counts for `torch.utils.flop_counter.FlopCounterMode` (the benchmarks' GFLOP per ray), which
+# cannot look inside a C++ operator. Multiply-adds count 2, as FlopCounterMode counts matmuls;
+# elementwise work (the feature maps, sign selections) is not counted, as for every other operator.
+# View attention, per (point, view, head, channel): the weight sum and the weighted value, 4 FLOP
+# (each channel falls in exactly one stream). Ray attention, per (ray, head, sample): the key
+# statistics `[2d, d]` of which each key channel fills one row (2 d^2) and both streams' outputs
+# from the d non-zero query features (2 d^2). Backward recomputes the forward and does twice its
+# work for the gradients (as a matmul's backward does): 3x the forward.
+
+
+def view_attention_flops(q_shape, k_shape) -> int:
+    """Forward FLOPs of `view_forward` for q `[P, H, d]`, k `[P, V, H, d]`."""
+    points, views, heads, d = k_shape
+    return 4 * points * views * heads * d
+
+
+def ray_attention_flops(q_shape, heads: int) -> int:
+    """Forward FLOPs of `ray_forward` for q `[R, S, H d]`."""
+    rays, samples, dim = q_shape
+    d = dim // heads
+    return 4 * rays * heads * samples * d * d
+
+
+def register_flop_formulas() -> bool:
+    """Teach FlopCounterMode the kernels' FLOPs (see above); False where the kernels are not built."""
+    if not available():
+        return False
+    from torch.utils import flop_counter
+
+    ops = _ops()
+    formulas = {
+        ops.view_forward: lambda q, k, *args, **kwargs: view_attention_flops(q, k),
+        ops.view_backward: lambda grad, q, k, *args, **kwargs: 3 * view_attention_flops(q, k),
+        ops.ray_forward: lambda q, k, v, ts, to, visible, heads, **kwargs: ray_attention_flops(q, heads),
+        ops.ray_backward: lambda grad, q, k, v, ts, to, visible, heads, **kwargs: 3 * ray_attention_flops(q, heads),
+    }
+    for op, formula in formulas.items():
+        if op not in flop_counter.flop_registry:
+            flop_counter.register_flop_formula(op)(formula)
+    return True
