@@ -182,7 +182,8 @@ def ray_attention(
 # (each channel falls in exactly one stream). Ray attention, per (ray, head, sample): the key
 # statistics `[2d, d]` of which each key channel fills one row (2 d^2) and both streams' outputs
 # from the d non-zero query features (2 d^2). Backward recomputes the forward and does twice its
-# work for the gradients (as a matmul's backward does): 3x the forward.
+# work for the gradients (as a matmul's backward does): 3x the forward. LePE: 2 K per output
+# element, its backward (input and weight gradients) twice that.
 
 
 def view_attention_flops(q_shape, k_shape) -> int:
@@ -198,6 +199,12 @@ def ray_attention_flops(q_shape, heads: int) -> int:
     return 4 * rays * heads * samples * d * d
 
 
+def samples_conv_flops(x_shape, weight_shape) -> int:
+    """Forward FLOPs of `samples_conv_forward` (the LePE) for x `[R, S, C]`, weight `[K, C]`."""
+    rays, samples, channels = x_shape
+    return 2 * rays * samples * channels * weight_shape[0]
+
+
 def register_flop_formulas() -> bool:
     """Teach FlopCounterMode the kernels' FLOPs (see above); False where the kernels are not built."""
     if not available():
@@ -210,6 +217,8 @@ def register_flop_formulas() -> bool:
         ops.view_backward: lambda grad, q, k, *args, **kwargs: 3 * view_attention_flops(q, k),
         ops.ray_forward: lambda q, k, v, ts, to, visible, heads, **kwargs: ray_attention_flops(q, heads),
         ops.ray_backward: lambda grad, q, k, v, ts, to, visible, heads, **kwargs: 3 * ray_attention_flops(q, heads),
+        ops.samples_conv_forward: lambda x, weight, *args, **kwargs: samples_conv_flops(x, weight),
+        ops.samples_conv_backward: lambda grad, x, weight, *args, **kwargs: 2 * samples_conv_flops(x, weight),
     }
     for op, formula in formulas.items():
         if op not in flop_counter.flop_registry:
