@@ -279,6 +279,7 @@ class ModelSettings:
     n_freqs: int
     ray_lepe: bool
     encoder_input_scale: float
+    readout_consistency_prior: float
     encoder: EncoderSettings
 
     @classmethod
@@ -299,6 +300,7 @@ class ModelSettings:
             n_freqs=net.int("n_freqs", minimum=0, default=10),
             ray_lepe=net.bool("ray_lepe", default=True),
             encoder_input_scale=net.number("encoder_input_scale", 0, 1, default=1.0),
+            readout_consistency_prior=net.number("readout_consistency_prior", 0, None, low_open=False, default=0.0),
             encoder=EncoderSettings.read(net.section("encoder")),
         )
 

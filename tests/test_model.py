@@ -233,7 +233,13 @@ def test_forward_shapes_finite_and_gradients_reach_encoder_and_transformer(kind)
     assert all(torch.isfinite(t).all() for t in (out.rgb, out.depth, out.weights))
 
     (out.rgb.square().sum() + out.depth.sum()).backward()
-    without_gradient = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.any()]
+    # The read-out's score bias shifts every score of a ray alike, which the softmax ignores: its
+    # gradient is 0 up to rounding, so it is not asked for.
+    without_gradient = [
+        name
+        for name, p in model.named_parameters()
+        if (p.grad is None or not p.grad.any()) and name != "readout.score.bias"
+    ]
     assert without_gradient == []
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 
@@ -380,3 +386,58 @@ def test_view_invisible_to_every_sample_is_the_same_as_no_view(kind):
     )
     assert torch.allclose(out_with.rgb, out_without.rgb, atol=1e-5)
     assert torch.allclose(out_with.depth, out_without.depth, atol=1e-5)
+
+
+def test_colour_spread_is_zero_where_views_agree_and_high_where_they_cannot_tell():
+    from pola_gnt.model.gnt import GatheredSamples, colour_spread
+
+    values = torch.zeros(1, 4, 3, 5)  # [rays, samples, views, 3 + C]
+    values[0, 0, :, :3] = torch.tensor([0.2, 0.4, 0.6])  # three views agree
+    values[0, 1, :, :3] = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])  # they disagree
+    values[0, 2, 0, :3] = 0.7  # one view only
+    visible = torch.ones(1, 4, 3, dtype=torch.bool)
+    visible[0, 2, 1:] = False
+    visible[0, 3] = False  # no view
+    values = values * visible[..., None]
+    spread = colour_spread(GatheredSamples(values=values, visible=visible, rel_dirs=torch.zeros(1, 4, 3, 4)))
+    expected_disagreement = math.sqrt(2 / 9)  # std of (0, 1, 0) in every channel
+    torch.testing.assert_close(spread, torch.tensor([[0.0, expected_disagreement, 0.5, 0.5]]))
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_consistency_prior_moves_the_read_out_to_the_samples_the_views_agree_about(kind):
+    """A target ray through a textured plane at z = 3 seen by four sources: with the prior, the
+    read-out weights peak at the sample nearest the plane and the depth lands there; without it they
+    are uniform (zero-initialised scores)."""
+    from pola_gnt.model.gnt import PooledReadout
+
+    torch.manual_seed(0)
+    plane_z = 3.0
+    sources = make_sources(square_rig(z=0.0, half_side=0.3))
+    # Texture the plane: every source image shows the plane's pattern as seen from its camera.
+    height, width = sources.images.shape[-2:]
+    focal = intrinsics()[0, 0].item()
+
+    def pattern(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # the plane's colours at (x, y)
+        return torch.stack(
+            [0.5 + 0.5 * torch.sin(9 * x), 0.5 + 0.5 * torch.cos(7 * y), 0.5 + 0.5 * torch.sin(5 * (x + y))]
+        )
+
+    rows, cols = torch.meshgrid(
+        torch.arange(height, dtype=torch.float32), torch.arange(width, dtype=torch.float32), indexing="ij"
+    )
+    for view in range(len(sources.c2w)):
+        cx, cy = sources.c2w[view, 0, 3], sources.c2w[view, 1, 3]
+        x = (cols - intrinsics()[0, 2]) / focal * plane_z + cx
+        y = (rows - intrinsics()[1, 2]) / focal * plane_z + cy
+        sources.images[view] = pattern(x, y)
+    rays = target_rays([(16.0, 12.0), (10.0, 8.0)])
+    depths = torch.linspace(1.0, 6.0, 26).expand(2, 26)  # one sample at 3.0 exactly
+    model = tiny_model(kind)
+    with torch.no_grad():
+        uniform = model(rays, depths, sources)
+        model.readout = PooledReadout(model.readout.norm.normalized_shape[0], consistency_prior=40.0)
+        prior = model(rays, depths, sources)
+    assert torch.allclose(uniform.weights, uniform.weights[:, :1].expand_as(uniform.weights), atol=1e-6)
+    assert (prior.weights.argmax(dim=-1) == 10).all()  # depths[10] == 3.0
+    assert (prior.depth - plane_z).abs().max() < 0.3 < (uniform.depth - plane_z).abs().min()

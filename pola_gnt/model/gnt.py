@@ -13,6 +13,7 @@ Data flow for a chunk of rays (all shapes per chunk; the caller picks the chunk 
       even blocks: fuse sin/cos codes of point + dir   [rays, samples, width + 126] -> width
       ray block: self-attention over seen samples      [rays, samples, width]
     read-out: attention pooling over seen samples      rgb [rays, 3], depth [rays]
+      (scores minus `readout_consistency_prior` x the colour spread over the views, if set)
 
 `view_attention="subtraction", ray_attention="softmax"` is GNT; `"pola", "pola"` is Pola-GNT.
 
@@ -178,15 +179,37 @@ class GNTBlock(nn.Module):
         return self.ray_block(tokens, seen)
 
 
-class PooledReadout(nn.Module):
-    """Colour and expected depth from attention pooling over the seen samples of each ray."""
+def colour_spread(gathered: GatheredSamples) -> Float[Tensor, "rays samples"]:
+    """How much the source views disagree about each sample's colour: the standard deviation of the
+    RGB read over the visible views, averaged over the channels. Near 0 where the sample lies on a
+    surface that the views see alike, large in empty space in front of or behind textured surfaces
+    (the photo-consistency of multi-view stereo). Samples seen by fewer than two views have no
+    spread to measure and get the largest value any sample has, 1 / 2 (colours are in [0, 1])."""
+    visible = gathered.visible.to(gathered.values.dtype)[..., None]  # [rays, samples, views, 1]
+    count = visible.sum(dim=2)  # [rays, samples, 1]
+    rgb = gathered.values[..., :3]  # zero where not visible
+    mean = rgb.sum(dim=2) / count.clamp(min=1.0)
+    variance = ((rgb - mean[:, :, None, :]).square() * visible).sum(dim=2) / count.clamp(min=1.0)
+    spread = variance.clamp(min=0.0).sqrt().mean(dim=-1)  # [rays, samples]
+    return torch.where(count[..., 0] >= 2, spread, torch.full_like(spread, 0.5))
 
-    def __init__(self, width: int):
+
+class PooledReadout(nn.Module):
+    """Colour and expected depth from attention pooling over the seen samples of each ray.
+
+    The scores are learned from the tokens, minus `consistency_prior` times the colour spread of the
+    sample across the source views (`colour_spread`): with a positive prior the pooling starts on the
+    samples the views agree about (surfaces) instead of the mean over the ray, so colours come from
+    one depth rather than a blur of every depth, and the expected depth follows the scene from the
+    first steps. 0 turns it off (GNT's start: uniform weights). A fixed weight, not a parameter."""
+
+    def __init__(self, width: int, consistency_prior: float = 0.0):
         super().__init__()
         self.norm = nn.LayerNorm(width)
         self.score = nn.Linear(width, 1)
         self.to_rgb = nn.Linear(width, 3)
-        # Zero scores = uniform weights: training starts from GNT's mean over samples.
+        self.consistency_prior = consistency_prior
+        # Zero scores = uniform weights (without the prior): training starts from GNT's mean over samples.
         nn.init.zeros_(self.score.weight)
         nn.init.zeros_(self.score.bias)
 
@@ -195,10 +218,16 @@ class PooledReadout(nn.Module):
         tokens: Float[Tensor, "rays samples width"],
         seen: Bool[Tensor, "rays samples"],
         depths: Float[Tensor, "rays samples"],
+        spread: Float[Tensor, "rays samples"] | None = None,
     ) -> RayOutput:
-        """tokens `[rays, samples, width]`, seen `[rays, samples]`, depths `[rays, samples]`."""
+        """tokens `[rays, samples, width]`, seen `[rays, samples]`, depths `[rays, samples]`, the
+        colour spread `[rays, samples]` (needed when `consistency_prior` is not 0)."""
         tokens = self.norm(tokens)
         scores = self.score(tokens)[..., 0].float()  # [rays, samples]; softmax in fp32
+        if self.consistency_prior:
+            if spread is None:
+                raise ValueError("PooledReadout: a consistency prior needs the colour spread")
+            scores = scores - self.consistency_prior * spread.float()
         # Rays that no source view sees anywhere get uniform weights over all samples (finite output).
         usable = seen | ~seen.any(dim=-1, keepdim=True)
         weights = torch.softmax(scores.masked_fill(~usable, float("-inf")), dim=-1)
@@ -223,6 +252,7 @@ class GNT(nn.Module):
         ray_lepe: bool = True,
         encoder: Mapping[str, Any] | None = None,  # ImageEncoder's options (a DictConfig from Hydra)
         encoder_input_scale: float = 1.0,
+        readout_consistency_prior: float = 0.0,
     ):
         super().__init__()
         # The config's values are checked (as user errors naming their keys) by `pola_gnt.settings`.
@@ -250,7 +280,7 @@ class GNT(nn.Module):
             )
             for index in range(n_blocks)
         )
-        self.readout = PooledReadout(width)
+        self.readout = PooledReadout(width, readout_consistency_prior)
 
     def encode(self, images: Float[Tensor, "views 3 height width"]) -> Float[Tensor, "views channels h w"]:
         """Source images `[views, 3, H, W]` in [0, 1] -> feature maps `[views, C, h, w]`."""
@@ -301,4 +331,5 @@ class GNT(nn.Module):
 
         for block in self.blocks:
             tokens = block(tokens, view_tokens, rel_dirs, view_mask, position_code, seen)
-        return self.readout(tokens, seen, depths)
+        spread = colour_spread(gathered) if self.readout.consistency_prior else None
+        return self.readout(tokens, seen, depths, spread)
