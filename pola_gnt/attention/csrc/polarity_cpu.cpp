@@ -17,8 +17,9 @@
 // channel is `Fs_c K_jc [q_c > 0 == k_jc > 0]`, and a zero channel has a zero feature (expm1(0) = 0).
 //
 // Determinism: work is split into blocks fixed by the problem size only (not by the thread count),
-// and per-block partial sums of the temperature gradients are added in block order by the caller,
-// so results do not depend on how many threads run.
+// handed to the threads one at a time (`parallel_blocks`), and per-block partial sums of the
+// temperature gradients are added in block order by the caller, so results do not depend on how
+// many threads run or which thread runs which block.
 //
 // Layouts (channels innermost and contiguous):
 //   view attention: q [P, H, d], k, v [P, V, H, d] with any point and view strides, visible [P, V] (0/1)
@@ -31,6 +32,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -68,6 +70,19 @@ inline float expm1_clamped(float z) {
 inline double expm1_clamped(double z) { return std::expm1(std::min(z, kExponentClamp)); }
 
 int64_t blocks_of(int64_t n, int64_t per_block) { return std::max<int64_t>(1, (n + per_block - 1) / per_block); }
+
+// Runs `body(block, block + 1)` for every block, the threads of one parallel region taking blocks one at
+// a time: when another process takes a core, the other threads do that thread's share instead of
+// waiting for it at the end of a static split (at::parallel_for's), which doubled the time of a call.
+// Which thread runs a block does not change what it computes.
+template <typename Body>
+void parallel_blocks(int64_t blocks, const Body& body) {
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(blocks, at::get_num_threads());
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t block = next.fetch_add(1); block < blocks; block = next.fetch_add(1)) body(block, block + 1);
+  });
+}
 
 // Per-channel temperatures of each polarity of q, laid out like q's channels `[H * d]`:
 // same-sign stream t = temp_same[c] for q > 0, temp_same[d + c] for q < 0; opposite-sign stream
@@ -246,7 +261,7 @@ void view_forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   const T* v_ptr = v.data_ptr<T>();
   T* out_ptr = out.data_ptr<T>();
   const ChannelTemperatures<T> temps(temp_same.data_ptr<T>(), temp_opp.data_ptr<T>(), heads, D);
-  at::parallel_for(0, blocks_of(points, kPointsPerBlock), 1, [&](int64_t first, int64_t last) {
+  parallel_blocks(blocks_of(points, kPointsPerBlock), [&](int64_t first, int64_t last) {
     ViewHead<T, D> head;
     for (int64_t p = first * kPointsPerBlock; p < std::min(points, last * kPointsPerBlock); ++p) {
       const T* vis = vis_ptr ? vis_ptr + p * views : nullptr;
@@ -281,7 +296,7 @@ void view_backward_impl(const at::Tensor& grad_out, const at::Tensor& q, const a
   T* gv_ptr = grad_v.data_ptr<T>();
   const ChannelTemperatures<T> temps(temp_same.data_ptr<T>(), temp_opp.data_ptr<T>(), heads, D);
   const T clamp = static_cast<T>(kExponentClamp);
-  at::parallel_for(0, blocks_of(points, kPointsPerBlock), 1, [&](int64_t first, int64_t last) {
+  parallel_blocks(blocks_of(points, kPointsPerBlock), [&](int64_t first, int64_t last) {
     ViewHead<T, D> head;
     TemperatureSlopes<T> slopes(dim);
     T grad_ws[kMaxViews], grad_wo[kMaxViews];
@@ -477,7 +492,7 @@ void ray_forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   const T* v_ptr = v.data_ptr<T>();
   T* out_ptr = out.data_ptr<T>();  // [R, S, H * d] contiguous
   const ChannelTemperatures<T> temps(temp_same.data_ptr<T>(), temp_opp.data_ptr<T>(), heads, D);
-  at::parallel_for(0, blocks_of(rays, kRaysPerBlock), 1, [&](int64_t first, int64_t last) {
+  parallel_blocks(blocks_of(rays, kRaysPerBlock), [&](int64_t first, int64_t last) {
     RayHead<T, D> head;
     for (int64_t r = first * kRaysPerBlock; r < std::min(rays, last * kRaysPerBlock); ++r) {
       const T* vis = vis_ptr ? vis_ptr + r * samples : nullptr;
@@ -512,7 +527,7 @@ void ray_backward_impl(const at::Tensor& grad_out, const at::Tensor& q, const at
   T* gv_ptr = grad_v.data_ptr<T>();
   const ChannelTemperatures<T> temps(temp_same.data_ptr<T>(), temp_opp.data_ptr<T>(), heads, D);
   const T clamp = static_cast<T>(kExponentClamp);
-  at::parallel_for(0, blocks_of(rays, kRaysPerBlock), 1, [&](int64_t first, int64_t last) {
+  parallel_blocks(blocks_of(rays, kRaysPerBlock), [&](int64_t first, int64_t last) {
     RayHead<T, D> head;
     TemperatureSlopes<T> slopes(dim);
     T grad_W[2 * D][D], grad_Z[2 * D];
@@ -668,7 +683,7 @@ void samples_conv_forward_impl(const at::Tensor& x, const at::Tensor& weight, co
   const T* w_ptr = weight.data_ptr<T>();
   const T* res_ptr = residual.defined() ? residual.data_ptr<T>() : nullptr;
   T* out_ptr = out.data_ptr<T>();
-  at::parallel_for(0, blocks_of(rays, kRaysPerBlock), 1, [&](int64_t first, int64_t last) {
+  parallel_blocks(blocks_of(rays, kRaysPerBlock), [&](int64_t first, int64_t last) {
     for (int64_t r = first * kRaysPerBlock; r < std::min(rays, last * kRaysPerBlock); ++r) {
       const T* vis = vis_ptr ? vis_ptr + r * samples : nullptr;
       for (int64_t i = 0; i < samples; ++i) {
@@ -698,7 +713,7 @@ void samples_conv_backward_impl(const at::Tensor& grad, const at::Tensor& x, con
   T* gx_ptr = grad_x.data_ptr<T>();   // contiguous
   T* gw_ptr = grad_weight.data_ptr<T>();  // [blocks, taps, channels], zeroed
   T* gb_ptr = grad_bias.data_ptr<T>();    // [blocks, channels], zeroed
-  at::parallel_for(0, blocks_of(rays, kRaysPerBlock), 1, [&](int64_t first, int64_t last) {
+  parallel_blocks(blocks_of(rays, kRaysPerBlock), [&](int64_t first, int64_t last) {
     for (int64_t block = first; block < last; ++block) {
       T* __restrict gw_block = gw_ptr + block * taps * channels;
       T* __restrict gb = gb_ptr + block * channels;
