@@ -122,14 +122,15 @@ def test_same_capture_same_scene(fern_processed, fern_dir, tmp_path):
     finds the same cameras and bounds. Not byte for byte: COLMAP's vectorised floating-point sums can
     round differently from run to run (seen in CI: focal lengths 0.03% apart, centres 0.05%), and
     bundle adjustment carries that into every value; ten times that is still far below what a view
-    synthesis model notices."""
+    synthesis model notices. The undistorted images' size follows the estimated distortion, so it
+    can differ by a pixel (seen: 497 vs 498 wide)."""
     out, summary = fern_processed
     again = _process(fern_dir / "images_8", tmp_path / "again")
     assert again["images_registered"] == summary["images_registered"] == 20
     assert again["not_registered"] == summary["not_registered"]
     poses, bounds = read_poses_bounds(tmp_path / "again" / "poses_bounds.npy")
     first_poses, first_bounds = read_poses_bounds(out / "poses_bounds.npy")
-    assert np.array_equal(poses[:, :2, 4], first_poses[:, :2, 4])  # image heights and widths
+    assert np.abs(poses[:, :2, 4] - first_poses[:, :2, 4]).max() <= 1  # image heights and widths
     assert np.allclose(poses[:, 2, 4], first_poses[:, 2, 4], rtol=5e-3)  # focal length
     errors = camera_errors(llff_to_opencv(poses[:, :, :4]), llff_to_opencv(first_poses[:, :, :4]), bounds, first_bounds)
     assert errors.centre_error < 5e-3 and errors.rotation_error_deg < 0.5, errors
