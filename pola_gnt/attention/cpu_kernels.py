@@ -76,11 +76,13 @@ HEAD_DIMS = (2, 4, 8, 16, 32, 64)
 MAX_VIEWS = 64
 
 
-def usable(q: Tensor, head_dim: int, views: int = 1) -> bool:
-    """Whether the fused CPU kernels take queries `q` (already in the compute dtype) of this head dim
-    (and, for the view attention, this many views)."""
-    supported = q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
-    return supported and head_dim in HEAD_DIMS and views <= MAX_VIEWS and available()
+def usable(x: Tensor, head_dim: int | None = None, views: int = 1) -> bool:
+    """Whether the fused CPU kernels take `x` (already in the compute dtype) with this head dim (the
+    attention kernels; None for the LePE convolution, which has none) and, for the view attention,
+    this many views."""
+    supported = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+    dims_supported = head_dim is None or head_dim in HEAD_DIMS
+    return supported and dims_supported and views <= MAX_VIEWS and available()
 
 
 def _ops():
@@ -143,9 +145,13 @@ def samples_conv(x: Tensor, weight: Tensor, bias: Tensor | None, visible: Tensor
     ray (`x [R, S, C]`, channels contiguous, rows may be strided; `weight [K, C]`, K odd; `bias [C]`;
     `visible [R, S]` 0/1 or None), added to `residual [R, S, C]`. Returns a new `[R, S, C]` tensor."""
     visible = None if visible is None else visible.contiguous()
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    residual = residual if residual.stride(-1) == 1 else residual.contiguous()
+    x, residual = _channels_contiguous(x), _channels_contiguous(residual)
     return _SamplesConv.apply(x, weight.contiguous(), bias, visible, residual)
+
+
+def _channels_contiguous(x: Tensor) -> Tensor:
+    """`x`, copied only if its last axis is strided (the kernels read rows of contiguous channels)."""
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _heads_packed(x: Tensor) -> bool:
@@ -169,7 +175,7 @@ def ray_attention(
 ) -> Tensor:
     """Self-attention over each ray's samples: `q, k, v [R, S, heads * d]` (channels contiguous, rows
     may be strided), temperatures `[heads, 2d]`, `visible [R, S]` (0/1) or None. Returns `[R, S, heads * d]`."""
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q, k, v = (_channels_contiguous(x) for x in (q, k, v))
     visible = None if visible is None else visible.contiguous()
     return _RayAttention.apply(q, k, v, temp_same.contiguous(), temp_opp.contiguous(), visible, heads)
 

@@ -291,7 +291,7 @@ class PolaRayAttention(PolaAttentionBase):
     def _add_lepe(self, attended: Tensor, v: Tensor, sample_mask: Tensor | None) -> Tensor:
         """`attended + lepe(v)`, masked samples' values zeroed; both `[rays, samples, dim]`."""
         assert self.lepe is not None
-        if v.dtype == attended.dtype and cpu_kernels.usable(v, self.head_dim):
+        if v.dtype == attended.dtype and cpu_kernels.usable(v):
             visible = None if sample_mask is None else sample_mask.to(v.dtype)
             weight = self.lepe.weight[:, 0, :].t()  # [kernel, dim]
             return cpu_kernels.samples_conv(v, weight, self.lepe.bias, visible, attended)

@@ -177,6 +177,23 @@ void check_common(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(temp_same.is_contiguous() && temp_opp.is_contiguous(), "temperatures must be contiguous [H, 2d]");
 }
 
+void check_temperatures(const at::Tensor& temp_same, const at::Tensor& temp_opp, int64_t heads, int64_t d,
+                        const char* what) {
+  TORCH_CHECK(temp_same.dim() == 2 && temp_same.size(0) == heads && temp_same.size(1) == 2 * d &&
+                  temp_opp.sizes() == temp_same.sizes(),
+              what, ": temperatures [H, 2d]");
+}
+
+// The optional 0/1 factors `[rows, cols]` (points x views, rays x samples) in the dtype of `like`.
+void check_visible(const c10::optional<at::Tensor>& visible, const at::Tensor& like, int64_t rows, int64_t cols,
+                   const char* what) {
+  if (visible.has_value()) {
+    TORCH_CHECK(visible->scalar_type() == like.scalar_type() && visible->is_contiguous() && visible->dim() == 2 &&
+                    visible->size(0) == rows && visible->size(1) == cols,
+                what, ": visible [", rows, ", ", cols, "] in the dtype of the inputs");
+  }
+}
+
 // Head dims with a compiled kernel (the inner loops unroll and vectorise at a fixed size); the
 // Python side uses the PyTorch forms for others (`cpu_kernels.HEAD_DIMS`).
 template <typename F>
@@ -366,14 +383,8 @@ void check_view(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
               "view attention: each token's heads must be packed");
   TORCH_CHECK(k.size(0) == q.size(0) && k.size(2) == q.size(1) && k.size(3) == q.size(2), "view attention: shapes");
   TORCH_CHECK(k.size(1) <= kMaxViews, "view attention: at most ", kMaxViews, " views");
-  TORCH_CHECK(temp_same.dim() == 2 && temp_same.size(0) == q.size(1) && temp_same.size(1) == 2 * q.size(2) &&
-                  temp_opp.sizes() == temp_same.sizes(),
-              "view attention: temperatures [H, 2d]");
-  if (visible.has_value()) {
-    TORCH_CHECK(visible->scalar_type() == q.scalar_type() && visible->is_contiguous() && visible->dim() == 2 &&
-                    visible->size(0) == q.size(0) && visible->size(1) == k.size(1),
-                "view attention: visible [P, V] in the dtype of q");
-  }
+  check_temperatures(temp_same, temp_opp, q.size(1), q.size(2), "view attention");
+  check_visible(visible, q, q.size(0), k.size(1), "view attention");
 }
 
 at::Tensor view_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& temp_same,
@@ -399,8 +410,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> view_back
   at::Tensor grad_k = at::empty(k.sizes(), k.options());
   at::Tensor grad_v = at::empty(v.sizes(), v.options());
   const int64_t blocks = blocks_of(q.size(0), kPointsPerBlock);
-  at::Tensor grad_temp_same = at::zeros({blocks, temp_same.size(0), temp_same.size(1)}, q.options());
-  at::Tensor grad_temp_opp = at::zeros_like(grad_temp_same);
+  at::Tensor grad_temp_same = at::empty({blocks, temp_same.size(0), temp_same.size(1)}, q.options());
+  at::Tensor grad_temp_opp = at::empty_like(grad_temp_same);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "view_backward", [&] {
     dispatch_head_dim(q.size(2), [&](auto D) {
       view_backward_impl<scalar_t, decltype(D)::value>(g, q, k, v, temp_same, temp_opp,
@@ -623,14 +634,8 @@ void check_ray(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
   check_common(q, k, v, temp_same, temp_opp);
   TORCH_CHECK(q.dim() == 3 && q.sizes() == k.sizes() && q.sizes() == v.sizes(), "ray attention: q, k, v [R, S, H * d]");
   TORCH_CHECK(heads > 0 && q.size(2) % heads == 0, "ray attention: channels divisible by heads");
-  TORCH_CHECK(temp_same.dim() == 2 && temp_same.size(0) == heads && temp_same.size(1) == 2 * (q.size(2) / heads) &&
-                  temp_opp.sizes() == temp_same.sizes(),
-              "ray attention: temperatures [H, 2d]");
-  if (visible.has_value()) {
-    TORCH_CHECK(visible->scalar_type() == q.scalar_type() && visible->is_contiguous() && visible->dim() == 2 &&
-                    visible->size(0) == q.size(0) && visible->size(1) == q.size(1),
-                "ray attention: visible [R, S] in the dtype of q");
-  }
+  check_temperatures(temp_same, temp_opp, heads, q.size(2) / heads, "ray attention");
+  check_visible(visible, q, q.size(0), q.size(1), "ray attention");
 }
 
 at::Tensor ray_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& temp_same,
@@ -758,11 +763,7 @@ void check_samples_conv(const at::Tensor& x, const at::Tensor& weight, const c10
                     bias->scalar_type() == x.scalar_type(),
                 "samples_conv: bias [C] in the dtype of x");
   }
-  if (visible.has_value()) {
-    TORCH_CHECK(visible->scalar_type() == x.scalar_type() && visible->is_contiguous() && visible->dim() == 2 &&
-                    visible->size(0) == x.size(0) && visible->size(1) == x.size(1),
-                "samples_conv: visible [R, S] in the dtype of x");
-  }
+  check_visible(visible, x, x.size(0), x.size(1), "samples_conv");
 }
 
 at::Tensor samples_conv_forward(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
