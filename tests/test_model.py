@@ -86,6 +86,7 @@ def test_encoder_rejects_too_small_images():
         ({"view_attention": "linear"}, "view_attention"),
         ({"ray_attention": "subtraction"}, "ray_attention"),
         ({"encoder_input_scale": 0.0}, "encoder_input_scale"),
+        ({"readout_consistency_prior": -1.0}, "readout_consistency_prior"),
     ],
 )
 def test_bad_model_arguments_are_value_errors_naming_the_argument(kwargs, name):

@@ -262,6 +262,8 @@ class GNT(nn.Module):
             raise ValueError(f"ray_attention: {ray_attention!r} is not one of {RAY_ATTENTION_KINDS}")
         if not 0.0 < encoder_input_scale <= 1.0:
             raise ValueError(f"encoder_input_scale: must be in (0, 1], got {encoder_input_scale}")
+        if not readout_consistency_prior >= 0.0:
+            raise ValueError(f"readout_consistency_prior: must be >= 0, got {readout_consistency_prior}")
         self.n_freqs = n_freqs
         self.encoder_input_scale = encoder_input_scale
         self.encoder = ImageEncoder(**(encoder or {}))
