@@ -386,6 +386,15 @@ def _triton_attention():
     return triton_supported, polarity_attention_triton
 
 
+def _triton_ray_attention():
+    """The fused CUDA kernel of the ray attention, if its module is importable (it is optional)."""
+    try:
+        from pola_gnt.attention.triton_ray import polarity_ray_attention_triton, ray_triton_supported
+    except ImportError:
+        return None
+    return ray_triton_supported, polarity_ray_attention_triton
+
+
 def polarity_attention(
     q: Float[Tensor, "*#batch queries d"],
     k: Float[Tensor, "*#batch keys d"],
@@ -444,7 +453,14 @@ def polarity_ray_attention(
     """Polarity self-attention over the samples of each ray with the heads in place: `q, k, v`
     `[rays, samples, heads * d]` (channels contiguous, rows may be strided, as the chunks of one
     projection are), temperatures `[heads, 2d]`. The same function as `polarity_attention` on the
-    heads-split tensors; on the CPU the fused kernel (`cpu_kernels`) computes it in one pass."""
+    heads-split tensors; on the CPU the fused kernel (`cpu_kernels`) computes it in one pass, on CUDA
+    the fused Triton kernel (`triton_ray`, rays of up to `MAX_SAMPLES` samples; it reads the input
+    dtype and computes in fp32 itself)."""
+    if q.is_cuda:
+        triton = _triton_ray_attention()
+        if triton is not None and triton[0](q, q.shape[-1] // heads, q.shape[-2]):
+            visible = None if sample_mask is None else sample_mask.to(torch.float32)
+            return triton[1](q, k, v, temp_same, temp_opp, visible, heads)
     with compute_precision(q, k, v, temp_same, temp_opp) as (q_, k_, v_, temp_same_, temp_opp_):
         if cpu_kernels.usable(q_, q.shape[-1] // heads):
             visible = None if sample_mask is None else sample_mask.to(q_.dtype)

@@ -167,6 +167,20 @@ class _PolarityViewAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, grad_temp_same, grad_temp_opp, None
 
 
+def _triton_view_attention():
+    """The fused CUDA kernels, if their module is importable (triton is optional)."""
+    try:
+        from pola_gnt.attention.triton_view import polarity_view_attention_triton, view_triton_supported
+    except ImportError:
+        return None
+    return view_triton_supported, polarity_view_attention_triton
+
+
+def _broadcasts_to(x: Tensor, shape: tuple[int, int]) -> bool:
+    """Whether `x.expand(shape)` works (per-point temperatures, say, do not go to the Triton kernels)."""
+    return x.dim() <= len(shape) and all(size in (1, want) for size, want in zip(x.shape[::-1], shape[::-1]))
+
+
 def polarity_view_attention(
     q: Float[Tensor, "*batch heads d"],
     k: Float[Tensor, "*batch keys heads d"],
@@ -195,11 +209,27 @@ def polarity_view_attention(
     check_even_head_dim(q)
     if key_mask is not None and (key_mask.dtype != torch.bool or key_mask.shape != k.shape[:-2]):
         raise ValueError(f"key_mask must be bool {tuple(k.shape[:-2])}, got {key_mask.dtype} {tuple(key_mask.shape)}")
+    heads, d = q.shape[-2:]
+    views = k.shape[-3]
+    temperature_shape = (heads, 2 * d)
+    if q.is_cuda and all(_broadcasts_to(t, temperature_shape) for t in (temp_same, temp_opp)):
+        triton = _triton_view_attention()
+        if triton is not None and triton[0](q):
+            # The kernels read every input dtype and compute in fp32 themselves.
+            visible = None if key_mask is None else key_mask.reshape(-1, views).to(torch.float32)
+            out = triton[1](
+                q.reshape(-1, heads, d),
+                k.reshape(-1, views, heads, d),
+                v.reshape(-1, views, heads, d),
+                temp_same.expand(temperature_shape),
+                temp_opp.expand(temperature_shape),
+                visible,
+            )
+            return out.reshape(q.shape)
     with compute_precision(q, k, v, temp_same, temp_opp) as (q_, k_, v_, temp_same_, temp_opp_):
         batch = q.shape[:-2]
         q_ = q_.reshape(-1, *q.shape[-2:])  # [P, heads, d]
         k_, v_ = (x.reshape(-1, *k.shape[-3:]) for x in (k_, v_))  # [P, keys, heads, d]
-        heads, d = q.shape[-2:]
         if cpu_kernels.usable(q_, d, views=k.shape[-3]) and temp_same_.dim() <= 2 and temp_opp_.dim() <= 2:
             visible = None if key_mask is None else key_mask.reshape(-1, k.shape[-3]).to(q_.dtype)
             temps = (temp_same_.expand(heads, 2 * d), temp_opp_.expand(heads, 2 * d))
