@@ -280,7 +280,9 @@ class ModelSettings:
     ray_lepe: bool
     encoder_input_scale: float
     readout_consistency_prior: float
+    readout_source_colour: bool
     encoder: EncoderSettings
+    compile: bool
 
     @classmethod
     def read(cls, r: ConfigReader) -> ModelSettings:
@@ -301,7 +303,9 @@ class ModelSettings:
             ray_lepe=net.bool("ray_lepe", default=True),
             encoder_input_scale=net.number("encoder_input_scale", 0, 1, default=1.0),
             readout_consistency_prior=net.number("readout_consistency_prior", 0, None, low_open=False, default=0.0),
+            readout_source_colour=net.bool("readout_source_colour", default=False),
             encoder=EncoderSettings.read(net.section("encoder")),
+            compile=r.bool("compile", default=False),
         )
 
 

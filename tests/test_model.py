@@ -390,7 +390,7 @@ def test_view_invisible_to_every_sample_is_the_same_as_no_view(kind):
 
 
 def test_colour_spread_is_zero_where_views_agree_and_high_where_they_cannot_tell():
-    from pola_gnt.model.gnt import GatheredSamples, colour_spread
+    from pola_gnt.model.gnt import GatheredSamples, source_colour_statistics
 
     values = torch.zeros(1, 4, 3, 5)  # [rays, samples, views, 3 + C]
     values[0, 0, :, :3] = torch.tensor([0.2, 0.4, 0.6])  # three views agree
@@ -400,7 +400,9 @@ def test_colour_spread_is_zero_where_views_agree_and_high_where_they_cannot_tell
     visible[0, 2, 1:] = False
     visible[0, 3] = False  # no view
     values = values * visible[..., None]
-    spread = colour_spread(GatheredSamples(values=values, visible=visible, rel_dirs=torch.zeros(1, 4, 3, 4)))
+    _, spread = source_colour_statistics(
+        GatheredSamples(values=values, visible=visible, rel_dirs=torch.zeros(1, 4, 3, 4))
+    )
     expected_disagreement = math.sqrt(2 / 9)  # std of (0, 1, 0) in every channel
     torch.testing.assert_close(spread, torch.tensor([[0.0, expected_disagreement, 0.5, 0.5]]))
 
@@ -442,3 +444,15 @@ def test_consistency_prior_moves_the_read_out_to_the_samples_the_views_agree_abo
     assert torch.allclose(uniform.weights, uniform.weights[:, :1].expand_as(uniform.weights), atol=1e-6)
     assert (prior.weights.argmax(dim=-1) == 10).all()  # depths[10] == 3.0
     assert (prior.depth - plane_z).abs().max() < 0.3 < (uniform.depth - plane_z).abs().min()
+
+    # With the source colours, training starts from the image-based render: the plane's colour where
+    # each ray meets it (the learned colour layer starts at zero).
+    with torch.no_grad():
+        model.readout = PooledReadout(
+            model.readout.norm.normalized_shape[0], consistency_prior=40.0, source_colour=True
+        )
+        blended = model(rays, depths, sources)
+    hits = rays.origins + plane_z * rays.directions / rays.directions[:, 2:]
+    expected = pattern(hits[:, 0], hits[:, 1]).t()
+    # Within the colour change of the pattern between the samples nearest the plane (0.2 apart).
+    assert (blended.rgb - expected).abs().mean() < 0.05 and (blended.rgb - expected).abs().max() < 0.15

@@ -52,6 +52,8 @@ def no_gpu(monkeypatch):
         ("model.net.encoder_input_scale=0", "model.net.encoder_input_scale"),  # was model.encoder_input_scale
         ("model.net.encoder_input_scale=1.5", "model.net.encoder_input_scale"),
         ("model.net.readout_consistency_prior=-1", "model.net.readout_consistency_prior"),
+        ("model.net.readout_source_colour=sometimes", "model.net.readout_source_colour"),
+        ("model.compile=maybe", "model.compile"),
         ("model.net.encoder.stage_blocks=[1]", "model.net.encoder"),
         ("model.net.encoder.stage_channels=[8,0,8]", "model.net.encoder.stage_channels"),
         ("model.net.ffn_mult=0", "model.net.ffn_mult"),

@@ -13,7 +13,8 @@ Data flow for a chunk of rays (all shapes per chunk; the caller picks the chunk 
       even blocks: fuse sin/cos codes of point + dir   [rays, samples, width + 126] -> width
       ray block: self-attention over seen samples      [rays, samples, width]
     read-out: attention pooling over seen samples      rgb [rays, 3], depth [rays]
-      (scores minus `readout_consistency_prior` x the colour spread over the views, if set)
+      (scores minus `readout_consistency_prior` x the colour spread over the views, if set;
+      with `readout_source_colour`, rgb = pooled mean source colour + the learned colour)
 
 `view_attention="subtraction", ray_attention="softmax"` is GNT; `"pola", "pola"` is Pola-GNT.
 
@@ -179,60 +180,81 @@ class GNTBlock(nn.Module):
         return self.ray_block(tokens, seen)
 
 
-def colour_spread(gathered: GatheredSamples) -> Float[Tensor, "rays samples"]:
-    """How much the source views disagree about each sample's colour: the standard deviation of the
-    RGB read over the visible views, averaged over the channels. Near 0 where the sample lies on a
-    surface that the views see alike, large in empty space in front of or behind textured surfaces
-    (the photo-consistency of multi-view stereo). Samples seen by fewer than two views have no
-    spread to measure and get the largest value any sample has, 1 / 2 (colours are in [0, 1])."""
+def source_colour_statistics(
+    gathered: GatheredSamples,
+) -> tuple[Float[Tensor, "rays samples 3"], Float[Tensor, "rays samples"]]:
+    """What the source views say about each sample's colour: the mean RGB over the visible views
+    (0 where no view sees the sample), and how much the views disagree about it, the standard
+    deviation over the visible views averaged over the channels (the photo-consistency of multi-view
+    stereo: near 0 where the sample lies on a surface that the views see alike, large in empty space
+    in front of or behind textured surfaces). Samples seen by fewer than two views have no spread to
+    measure and get the largest value any sample has, 1 / 2 (colours are in [0, 1])."""
     visible = gathered.visible.to(gathered.values.dtype)[..., None]  # [rays, samples, views, 1]
     count = visible.sum(dim=2)  # [rays, samples, 1]
     rgb = gathered.values[..., :3]  # zero where not visible
     mean = rgb.sum(dim=2) / count.clamp(min=1.0)
     variance = ((rgb - mean[:, :, None, :]).square() * visible).sum(dim=2) / count.clamp(min=1.0)
     spread = variance.clamp(min=0.0).sqrt().mean(dim=-1)  # [rays, samples]
-    return torch.where(count[..., 0] >= 2, spread, torch.full_like(spread, 0.5))
+    return mean, torch.where(count[..., 0] >= 2, spread, torch.full_like(spread, 0.5))
 
 
 class PooledReadout(nn.Module):
     """Colour and expected depth from attention pooling over the seen samples of each ray.
 
     The scores are learned from the tokens, minus `consistency_prior` times the colour spread of the
-    sample across the source views (`colour_spread`): with a positive prior the pooling starts on the
-    samples the views agree about (surfaces) instead of the mean over the ray, so colours come from
-    one depth rather than a blur of every depth, and the expected depth follows the scene from the
-    first steps. 0 turns it off (GNT's start: uniform weights). A fixed weight, not a parameter."""
+    sample across the source views (`source_colour_statistics`): with a positive prior the pooling
+    starts on the samples the views agree about (surfaces) instead of the mean over the ray, so
+    colours come from one depth rather than a blur of every depth, and the expected depth follows
+    the scene from the first steps. 0 turns it off (GNT's start: uniform weights). A fixed weight,
+    not a parameter.
 
-    def __init__(self, width: int, consistency_prior: float = 0.0):
+    With `source_colour`, the colour is the pooled mean of the source views' colours plus the
+    learned colour of the pooled token, whose layer starts at zero: training starts from the
+    image-based render at the pooled depth (sharp where the depth is right, like IBRNet's blending)
+    and learns the corrections (occlusions, view-dependent colour), instead of first having to carry
+    every colour through the transformer (GNT: the learned colour alone)."""
+
+    def __init__(self, width: int, consistency_prior: float = 0.0, source_colour: bool = False):
         super().__init__()
         self.norm = nn.LayerNorm(width)
         self.score = nn.Linear(width, 1)
         self.to_rgb = nn.Linear(width, 3)
         self.consistency_prior = consistency_prior
+        self.source_colour = source_colour
         # Zero scores = uniform weights (without the prior): training starts from GNT's mean over samples.
         nn.init.zeros_(self.score.weight)
         nn.init.zeros_(self.score.bias)
+        if source_colour:
+            nn.init.zeros_(self.to_rgb.weight)
+            nn.init.zeros_(self.to_rgb.bias)
+
+    @property
+    def needs_source_colours(self) -> bool:
+        return bool(self.consistency_prior) or self.source_colour
 
     def forward(
         self,
         tokens: Float[Tensor, "rays samples width"],
         seen: Bool[Tensor, "rays samples"],
         depths: Float[Tensor, "rays samples"],
-        spread: Float[Tensor, "rays samples"] | None = None,
+        source_colours: tuple[Float[Tensor, "rays samples 3"], Float[Tensor, "rays samples"]] | None = None,
     ) -> RayOutput:
-        """tokens `[rays, samples, width]`, seen `[rays, samples]`, depths `[rays, samples]`, the
-        colour spread `[rays, samples]` (needed when `consistency_prior` is not 0)."""
+        """tokens `[rays, samples, width]`, seen `[rays, samples]`, depths `[rays, samples]`, and the
+        source views' mean colour `[rays, samples, 3]` and colour spread `[rays, samples]`
+        (`source_colour_statistics`; needed when `needs_source_colours`)."""
+        if self.needs_source_colours and source_colours is None:
+            raise ValueError("PooledReadout: a consistency prior or source colours need the source colour statistics")
         tokens = self.norm(tokens)
         scores = self.score(tokens)[..., 0].float()  # [rays, samples]; softmax in fp32
-        if self.consistency_prior:
-            if spread is None:
-                raise ValueError("PooledReadout: a consistency prior needs the colour spread")
-            scores = scores - self.consistency_prior * spread.float()
+        if self.consistency_prior and source_colours is not None:
+            scores = scores - self.consistency_prior * source_colours[1].float()
         # Rays that no source view sees anywhere get uniform weights over all samples (finite output).
         usable = seen | ~seen.any(dim=-1, keepdim=True)
         weights = torch.softmax(scores.masked_fill(~usable, float("-inf")), dim=-1)
         pooled = (weights[..., None] * tokens.float()).sum(dim=1)  # [rays, width]
         rgb = self.to_rgb(pooled).float()
+        if self.source_colour and source_colours is not None:
+            rgb = rgb + (weights[..., None] * source_colours[0].float()).sum(dim=1)
         depth = (weights * depths.float()).sum(dim=-1)
         return RayOutput(rgb=rgb, depth=depth, weights=weights, seen=seen)
 
@@ -253,6 +275,7 @@ class GNT(nn.Module):
         encoder: Mapping[str, Any] | None = None,  # ImageEncoder's options (a DictConfig from Hydra)
         encoder_input_scale: float = 1.0,
         readout_consistency_prior: float = 0.0,
+        readout_source_colour: bool = False,
     ):
         super().__init__()
         # The config's values are checked (as user errors naming their keys) by `pola_gnt.settings`.
@@ -282,7 +305,7 @@ class GNT(nn.Module):
             )
             for index in range(n_blocks)
         )
-        self.readout = PooledReadout(width, readout_consistency_prior)
+        self.readout = PooledReadout(width, readout_consistency_prior, readout_source_colour)
 
     def encode(self, images: Float[Tensor, "views 3 height width"]) -> Float[Tensor, "views channels h w"]:
         """Source images `[views, 3, H, W]` in [0, 1] -> feature maps `[views, C, h, w]`."""
@@ -333,5 +356,5 @@ class GNT(nn.Module):
 
         for block in self.blocks:
             tokens = block(tokens, view_tokens, rel_dirs, view_mask, position_code, seen)
-        spread = colour_spread(gathered) if self.readout.consistency_prior else None
-        return self.readout(tokens, seen, depths, spread)
+        source_colours = source_colour_statistics(gathered) if self.readout.needs_source_colours else None
+        return self.readout(tokens, seen, depths, source_colours)
