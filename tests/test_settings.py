@@ -184,7 +184,7 @@ def test_the_choice_is_printed_and_cfg_job_follows_the_machine(tmp_path, monkeyp
     assert result.stdout.splitlines()[0] == "device: cpu (fp32; auto: no GPU)"
     assert_one_error_line(result, "missing.ckpt")
     shown = run_in_process("train", "--cfg", "job")
-    assert "accelerator: cpu" in shown.stdout and "max_steps: 600" in shown.stdout
+    assert "accelerator: cpu" in shown.stdout and "max_steps: 500" in shown.stdout
 
 
 def test_a_gpu_trainer_without_a_gpu_is_one_error_line(tmp_path, no_gpu):
