@@ -42,6 +42,9 @@ class GNTSystem(pl.LightningModule):
         self.save_hyperparameters({"config": config})
         self.cfg: DictConfig = OmegaConf.create(config)
         self.net: GNT = instantiate(self.cfg.model.net)
+        if self.cfg.model.get("compile", False):
+            # In place: the parameter names, and so the checkpoints, stay those of the eager network.
+            self.net.compile(dynamic=True)
         self.test_results: list[ViewResult] = []
         self.test_document: dict | None = None
         # The test phase renders the held-out views of `scene` and writes into `output_dir` (both set

@@ -1,7 +1,7 @@
 """Benchmark GNT against Pola-GNT: render / training throughput, peak memory, FLOP per ray.
 
     python scripts/bench_render.py --out bench.json [--device cpu|cuda] [--samples 64 192]
-        [--views 10] [--rays 16] [--width 64 --blocks 4] [--repeats 5] [--bf16]
+        [--views 10] [--rays 16] [--width 64 --blocks 4] [--repeats 5] [--bf16] [--compile]
 
 Both models see the same synthetic forward-facing rig: `views` source cameras on a small grid
 looking down +z, a target camera at the origin, rays through random pixels, samples uniform in
@@ -22,6 +22,9 @@ machine slows both alike):
   quadratic ray attention counts 0), and for Pola-GNT's fused CPU kernels (which it cannot look
   into). Elementwise work (feature maps, softmax) is not counted for either model. Achieved GFLOP/s
   follow from these counts.
+
+`--compile` runs both models through `torch.compile` (what `model.compile=true` does in training);
+each row then also says how long the first render and training calls took (the compilation).
 
 The quick preset's size: `--views 4 --samples 32 --width 32 --blocks 2 --rays 512`.
 """
@@ -141,6 +144,8 @@ def model_steps(
     model = GNT(view_attention, ray_attention, width=args.width, n_blocks=args.blocks, heads=args.heads)
     model.encoder = None  # excluded from the benchmark: features are given (frees its 9 M parameters)
     model.to(device)
+    if args.compile:
+        model.compile(dynamic=False)  # the benchmark's shapes are fixed
     n_rays = len(rays)
     render_depths = sample_depths(NEAR, FAR, n_rays, n_samples, jitter=False, device=device)
     train_depths = sample_depths(NEAR, FAR, n_rays, n_samples, jitter=True, device=device)
@@ -168,9 +173,13 @@ def bench_samples(
     repeat), so a slow spell of a shared machine hits both alike; figures are medians."""
     steps = {kind: model_steps(kind, n_samples, args, sources, rays, device) for kind in args.models}
     times: dict[tuple[str, str], list[float]] = {}
+    first_call_s: dict[tuple[str, str], float] = {}  # with --compile: the compilation
     for phase in ("render", "train"):
-        for _, render_step, train_step in steps.values():  # warm-up
+        for kind, (_, render_step, train_step) in steps.items():  # warm-up
+            start = time.perf_counter()
             (render_step if phase == "render" else train_step)()
+            synchronize(device)
+            first_call_s[kind, phase] = time.perf_counter() - start
         for _ in range(args.repeats):
             for kind, (_, render_step, train_step) in steps.items():
                 step = render_step if phase == "render" else train_step
@@ -204,6 +213,9 @@ def bench_samples(
                 "encoder": "excluded",
                 "device": str(device),
                 "dtype": "bf16-autocast" if args.bf16 else "fp32",
+                "compiled": args.compile,
+                "render_first_call_s": first_call_s[kind, "render"],
+                "train_first_call_s": first_call_s[kind, "train"],
                 "threads": torch.get_num_threads(),
             }
         )
@@ -255,6 +267,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (median)")
     parser.add_argument("--models", nargs="+", choices=tuple(MODELS), default=list(MODELS))
     parser.add_argument("--bf16", action="store_true", help="run under bf16 autocast")
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile both models (first-call times include compilation)"
+    )
     return parser.parse_args(argv)
 
 
@@ -285,7 +300,8 @@ def main(argv: list[str] | None = None) -> None:
             )
     print(
         f"\n{args.device}, {args.views} views, {args.rays} rays per chunk, width {args.width}, "
-        f"{args.blocks} blocks, {'bf16 autocast' if args.bf16 else 'fp32'}; encoder excluded"
+        f"{args.blocks} blocks, {'bf16 autocast' if args.bf16 else 'fp32'}"
+        f"{', torch.compile' if args.compile else ''}; encoder excluded"
     )
     print_table(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)

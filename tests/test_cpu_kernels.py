@@ -301,3 +301,24 @@ def test_pola_ray_attention_module_is_the_same_through_both_paths(monkeypatch):
     pytorch = run()
     for a, b in zip(fused, pytorch):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="the fused CPU kernels are not built")
+def test_the_operators_shapes_are_known_to_torch_compile():
+    """torch.compile (`model.compile`) traces the kernels through their registered fake (shape-only)
+    implementations; `opcheck` runs each operator for real and on fake tensors and compares them, with
+    more than one work block (the backward operators return one temperature partial per block)."""
+    ops = torch.ops.pola_gnt_cpu
+    checks = ("test_schema", "test_faketensor")
+    (q, k, v, ts, to), mask = _view_case(points=300, views=4, heads=2, d=8)
+    visible = mask.double()
+    torch.library.opcheck(ops.view_forward.default, (q, k, v, ts, to, visible), test_utils=checks)
+    torch.library.opcheck(ops.view_backward.default, (torch.randn_like(q), q, k, v, ts, to, visible), test_utils=checks)
+    (q, k, v, ts, to), mask = _ray_case(rays=20, samples=9, heads=2, d=8)
+    visible = mask.double()
+    torch.library.opcheck(ops.ray_forward.default, (q, k, v, ts, to, visible, 2), test_utils=checks)
+    grad = torch.randn(q.shape, dtype=q.dtype)
+    torch.library.opcheck(ops.ray_backward.default, (grad, q, k, v, ts, to, visible, 2), test_utils=checks)
+    x, weight, bias = torch.randn(20, 9, 16, dtype=torch.float64), torch.randn(3, 16, dtype=torch.float64), None
+    torch.library.opcheck(ops.samples_conv_forward.default, (x, weight, bias, visible, x.clone()), test_utils=checks)
+    torch.library.opcheck(ops.samples_conv_backward.default, (x.clone(), x, weight, visible), test_utils=checks)

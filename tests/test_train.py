@@ -172,3 +172,38 @@ def test_ddp_two_cpu_processes(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     document = _metrics(tmp_path)
     assert document["global_step"] == 4 and len(document["per_image"]) == 3
+
+
+def test_model_compile_compiles_the_network_in_place():
+    """`model.compile=true` wraps the network in torch.compile without renaming its parameters, so
+    checkpoints load into an eager or a compiled network alike (the compilation itself happens on the
+    first call: `test_compiled_network_matches_eager`, slow)."""
+    eager = GNTSystem(OmegaConf.to_container(compose_config(*TINY_OVERRIDES), resolve=True))
+    compiled = GNTSystem(OmegaConf.to_container(compose_config(*TINY_OVERRIDES, "model.compile=true"), resolve=True))
+    assert compiled.net._compiled_call_impl is not None and eager.net._compiled_call_impl is None
+    assert compiled.state_dict().keys() == eager.state_dict().keys()
+
+
+@pytest.mark.slow
+def test_compiled_network_matches_eager():
+    """The compiled Pola-GNT network (the fused CPU kernels traced through their fake implementations)
+    gives the eager network's colours and gradients on a training batch. Minutes: the compilation."""
+    cfg = compose_config(*cfg_overrides(False))
+    scene = load_scene(cfg.scene, cfg.data)
+    batch = TrainSteps(scene, cfg.data, cfg.render.n_samples, n_steps=1, seed=0, rank=0)[0]
+    results = []
+    for compile_network in (False, True):
+        torch.manual_seed(0)
+        system = GNTSystem(OmegaConf.to_container(compose_config(*cfg_overrides(compile_network)), resolve=True))
+        output = system.render_batch(batch)
+        F.mse_loss(output.rgb, batch.rgb).backward()
+        results.append((output.rgb.detach(), {n: p.grad for n, p in system.named_parameters() if p.grad is not None}))
+    (eager_rgb, eager_grads), (compiled_rgb, compiled_grads) = results
+    torch.testing.assert_close(compiled_rgb, eager_rgb, rtol=1e-4, atol=1e-5)
+    assert compiled_grads.keys() == eager_grads.keys()
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-3, atol=1e-5, msg=name)
+
+
+def cfg_overrides(compile_network: bool) -> list[str]:
+    return [*TINY_OVERRIDES, "data.rays_per_step=128", f"model.compile={str(compile_network).lower()}"]

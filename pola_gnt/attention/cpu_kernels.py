@@ -15,7 +15,6 @@ forms, which compute the same function.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import warnings
@@ -29,9 +28,20 @@ DISABLE_VARIABLE = "POLA_GNT_CPU_KERNELS"
 _LIBRARY = "pola_gnt_cpu"
 
 
-@functools.cache
+# Whether the extension is built and loaded: None until the first `_load()`. A plain global rather
+# than functools.cache, so torch.compile reads it as a constant instead of tracing into the build.
+_built: bool | None = None
+
+
 def _load() -> bool:
     """Compile (or find the cached build of) the extension and register its operators; once per process."""
+    global _built
+    if _built is None:
+        _built = _build()
+    return _built
+
+
+def _build() -> bool:
     if os.environ.get(DISABLE_VARIABLE) == "0":
         return False
     # Importing cpp_extension on a machine without CUDA logs a warning about CUDA_HOME that does not
@@ -53,6 +63,7 @@ def _load() -> bool:
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
         )
+        _register_fake_kernels()
     except Exception as error:  # no compiler, no headers, a failed build: the PyTorch forms still work
         first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
         warnings.warn(
@@ -63,6 +74,50 @@ def _load() -> bool:
         )
         return False
     return True
+
+
+# Work split of the C++ kernels (`kPointsPerBlock`, `kRaysPerBlock` in csrc/polarity_cpu.cpp): the
+# backward kernels return temperature (and LePE weight) gradients as one partial sum per block.
+_POINTS_PER_BLOCK = 128
+_RAYS_PER_BLOCK = 8
+
+
+def _blocks(n, per_block: int):
+    return torch.sym_max(1, (n + per_block - 1) // per_block)
+
+
+def _register_fake_kernels() -> None:
+    """Shapes of the operators' outputs without running them, so that torch.compile (`model.compile`)
+    can trace through the kernels instead of breaking its graph at each call."""
+    name = f"{_LIBRARY}::"
+    register = torch.library.register_fake
+
+    @register(name + "view_forward")
+    def _(q, k, v, temp_same, temp_opp, visible):
+        return q.new_empty(q.shape)
+
+    @register(name + "view_backward")
+    def _(grad, q, k, v, temp_same, temp_opp, visible):
+        temps = q.new_empty(_blocks(q.shape[0], _POINTS_PER_BLOCK), *temp_same.shape)
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), temps, temps.new_empty(temps.shape)
+
+    @register(name + "ray_forward")
+    def _(q, k, v, temp_same, temp_opp, visible, heads):
+        return q.new_empty(q.shape)
+
+    @register(name + "ray_backward")
+    def _(grad, q, k, v, temp_same, temp_opp, visible, heads):
+        temps = q.new_empty(_blocks(q.shape[0], _RAYS_PER_BLOCK), *temp_same.shape)
+        return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape), temps, temps.new_empty(temps.shape)
+
+    @register(name + "samples_conv_forward")
+    def _(x, weight, bias, visible, residual):
+        return x.new_empty(x.shape)
+
+    @register(name + "samples_conv_backward")
+    def _(grad, x, weight, visible):
+        blocks = _blocks(x.shape[0], _RAYS_PER_BLOCK)
+        return x.new_empty(x.shape), x.new_empty(blocks, *weight.shape), x.new_empty(blocks, weight.shape[1])
 
 
 def available() -> bool:
