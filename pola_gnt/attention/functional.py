@@ -30,7 +30,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from pola_gnt.attention import cpu_kernels
+from pola_gnt.attention import cpu_kernels, gpu_kernels
 from pola_gnt.attention.features import (
     EPSILON,
     EXPONENT_CLAMP,
@@ -377,24 +377,6 @@ def resolve_form(form: str, num_queries: int, num_keys: int, head_dim: int) -> s
     return "quadratic" if num_queries * num_keys <= (num_queries + num_keys) * head_dim else "linear"
 
 
-def _triton_attention():
-    """The fused CUDA kernel, if its module is importable (it is optional)."""
-    try:
-        from pola_gnt.attention.triton_kernel import polarity_attention_triton, triton_supported
-    except ImportError:
-        return None
-    return triton_supported, polarity_attention_triton
-
-
-def _triton_ray_attention():
-    """The fused CUDA kernel of the ray attention, if its module is importable (it is optional)."""
-    try:
-        from pola_gnt.attention.triton_ray import polarity_ray_attention_triton, ray_triton_supported
-    except ImportError:
-        return None
-    return ray_triton_supported, polarity_ray_attention_triton
-
-
 def polarity_attention(
     q: Float[Tensor, "*#batch queries d"],
     k: Float[Tensor, "*#batch keys d"],
@@ -420,10 +402,8 @@ def polarity_attention(
     """
     check_attention_shapes(q, k, v, key_mask)
     resolved = resolve_form(form, q.shape[-2], k.shape[-2], q.shape[-1])
-    if resolved == "linear" and q.is_cuda:
-        triton = _triton_attention()
-        if triton is not None and triton[0](q):
-            return triton[1](q, k, v, temp_same, temp_opp, key_mask)
+    if resolved == "linear" and q.is_cuda and (kernel := gpu_kernels.linear_attention(q)) is not None:
+        return kernel(q, k, v, temp_same, temp_opp, key_mask)
 
     with compute_precision(q, k, v, temp_same, temp_opp) as (q_, k_, v_, temp_same_, temp_opp_):
         inputs = (q_, k_, v_, temp_same_, temp_opp_)
@@ -456,11 +436,9 @@ def polarity_ray_attention(
     heads-split tensors; on the CPU the fused kernel (`cpu_kernels`) computes it in one pass, on CUDA
     the fused Triton kernel (`triton_ray`, rays of up to `MAX_SAMPLES` samples; it reads the input
     dtype and computes in fp32 itself)."""
-    if q.is_cuda:
-        triton = _triton_ray_attention()
-        if triton is not None and triton[0](q, q.shape[-1] // heads, q.shape[-2]):
-            visible = None if sample_mask is None else sample_mask.to(torch.float32)
-            return triton[1](q, k, v, temp_same, temp_opp, visible, heads)
+    if q.is_cuda and (kernel := gpu_kernels.ray_attention(q, heads)) is not None:
+        visible = None if sample_mask is None else sample_mask.to(torch.float32)
+        return kernel(q, k, v, temp_same, temp_opp, visible, heads)
     with compute_precision(q, k, v, temp_same, temp_opp) as (q_, k_, v_, temp_same_, temp_opp_):
         if cpu_kernels.usable(q_, q.shape[-1] // heads):
             visible = None if sample_mask is None else sample_mask.to(q_.dtype)

@@ -28,7 +28,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from pola_gnt.attention import cpu_kernels
+from pola_gnt.attention import cpu_kernels, gpu_kernels
 from pola_gnt.attention.features import (
     EPSILON,
     EXPONENT_CLAMP,
@@ -167,15 +167,6 @@ class _PolarityViewAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, grad_temp_same, grad_temp_opp, None
 
 
-def _triton_view_attention():
-    """The fused CUDA kernels, if their module is importable (triton is optional)."""
-    try:
-        from pola_gnt.attention.triton_view import polarity_view_attention_triton, view_triton_supported
-    except ImportError:
-        return None
-    return view_triton_supported, polarity_view_attention_triton
-
-
 def _broadcasts_to(x: Tensor, shape: tuple[int, int]) -> bool:
     """Whether `x.expand(shape)` works (per-point temperatures, say, do not go to the Triton kernels)."""
     return x.dim() <= len(shape) and all(size in (1, want) for size, want in zip(x.shape[::-1], shape[::-1]))
@@ -212,20 +203,19 @@ def polarity_view_attention(
     heads, d = q.shape[-2:]
     views = k.shape[-3]
     temperature_shape = (heads, 2 * d)
-    if q.is_cuda and all(_broadcasts_to(t, temperature_shape) for t in (temp_same, temp_opp)):
-        triton = _triton_view_attention()
-        if triton is not None and triton[0](q):
-            # The kernels read every input dtype and compute in fp32 themselves.
-            visible = None if key_mask is None else key_mask.reshape(-1, views).to(torch.float32)
-            out = triton[1](
-                q.reshape(-1, heads, d),
-                k.reshape(-1, views, heads, d),
-                v.reshape(-1, views, heads, d),
-                temp_same.expand(temperature_shape),
-                temp_opp.expand(temperature_shape),
-                visible,
-            )
-            return out.reshape(q.shape)
+    kernel = gpu_kernels.view_attention(q) if q.is_cuda else None
+    if kernel is not None and all(_broadcasts_to(t, temperature_shape) for t in (temp_same, temp_opp)):
+        # The kernels read every input dtype and compute in fp32 themselves.
+        visible = None if key_mask is None else key_mask.reshape(-1, views).to(torch.float32)
+        out = kernel(
+            q.reshape(-1, heads, d),
+            k.reshape(-1, views, heads, d),
+            v.reshape(-1, views, heads, d),
+            temp_same.expand(temperature_shape),
+            temp_opp.expand(temperature_shape),
+            visible,
+        )
+        return out.reshape(q.shape)
     with compute_precision(q, k, v, temp_same, temp_opp) as (q_, k_, v_, temp_same_, temp_opp_):
         batch = q.shape[:-2]
         q_ = q_.reshape(-1, *q.shape[-2:])  # [P, heads, d]

@@ -1,0 +1,107 @@
+"""The Triton kernels' first-use check (`gpu_kernels`): a kernel that compiles and matches the fp64
+reference is used; one that fails to compile or computes something else is not, with one warning,
+and the PyTorch forms take over; `POLA_GNT_TRITON_KERNELS=0` switches the kernels off.
+
+The checks run the kernels, so like `test_triton_kernel.py` this file reruns itself in a child
+pytest with `TRITON_INTERPRET=1`, where CPU tensors go to the kernels (on a CUDA machine the same
+checks run compiled, at the first call of each kernel).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from pola_gnt.attention import gpu_kernels, triton_kernel, triton_ray, triton_view  # noqa: E402
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+interpreter = pytest.mark.skipif(not INTERPRETING, reason="runs in the TRITON_INTERPRET=1 child")
+
+
+@pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")
+def test_checks_in_interpreter():
+    child = subprocess.run(
+        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-m", "not gpu and not slow"],
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-2000:]
+    assert " passed" in child.stdout
+
+
+@pytest.fixture(autouse=True)
+def fresh_checks(monkeypatch):
+    monkeypatch.setattr(gpu_kernels, "_checked", {})
+    monkeypatch.delenv(gpu_kernels.DISABLE_VARIABLE, raising=False)
+
+
+def _lookups():
+    """Each kernel's lookup with queries of its layout (head dim 8, 2 heads)."""
+    return {
+        "view": (lambda q: gpu_kernels.view_attention(q), torch.zeros(5, 2, 8)),
+        "ray": (lambda q: gpu_kernels.ray_attention(q, 2), torch.zeros(3, 9, 16)),
+        "linear": (lambda q: gpu_kernels.linear_attention(q), torch.zeros(1, 2, 9, 8)),
+    }
+
+
+@interpreter
+@pytest.mark.parametrize("kernel", ["view", "ray", "linear"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernels_that_match_the_reference_are_used(kernel, dtype):
+    lookup, q = _lookups()[kernel]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning
+        assert lookup(q.to(dtype)) is not None
+    assert list(gpu_kernels._checked.values()) == [True]
+    # Checked once per (kernel, device, dtype, head dim).
+    assert lookup(q.to(dtype)) is not None and len(gpu_kernels._checked) == 1
+
+
+@interpreter
+@pytest.mark.parametrize("failure", ["raises", "wrong values"])
+def test_a_kernel_that_fails_its_check_is_not_used(monkeypatch, failure):
+    real = triton_view.polarity_view_attention_triton
+
+    def broken(*args):
+        if failure == "raises":
+            raise RuntimeError("PTX assembly failed\nmore detail")
+        return real(*args) * 1.01
+
+    monkeypatch.setattr(triton_view, "polarity_view_attention_triton", broken)
+    lookup, q = _lookups()["view"]
+    with pytest.warns(RuntimeWarning, match="Triton view attention kernel failed its first-use check") as record:
+        assert lookup(q) is None
+    message = str(record[0].message)
+    assert ("PTX assembly failed" in message) == (failure == "raises") and "more detail" not in message
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one warning only: the result is remembered
+        assert lookup(q) is None
+
+
+@interpreter
+def test_the_kernels_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv(gpu_kernels.DISABLE_VARIABLE, "0")
+    for lookup, q in _lookups().values():
+        assert lookup(q) is None
+    assert gpu_kernels._checked == {}  # nothing was run
+
+
+def test_cpu_tensors_never_reach_the_kernels_outside_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not any(
+        supported
+        for supported in (
+            triton_view.view_triton_supported(torch.zeros(5, 2, 8)),
+            triton_ray.ray_triton_supported(torch.zeros(3, 9, 16), 8, 9),
+            triton_kernel.triton_supported(torch.zeros(1, 2, 9, 8)),
+        )
+    )
