@@ -9,9 +9,6 @@ checks run compiled, at the first call of each kernel).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -19,23 +16,14 @@ import torch
 
 pytest.importorskip("triton")
 
-from pola_gnt.attention import gpu_kernels, triton_kernel, triton_ray, triton_view  # noqa: E402
+from helpers.interpreter import INTERPRETING, assert_passes_in_interpreter, interpreter  # noqa: E402
 
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
-interpreter = pytest.mark.skipif(not INTERPRETING, reason="runs in the TRITON_INTERPRET=1 child")
+from pola_gnt.attention import gpu_kernels, triton_kernel, triton_ray, triton_view  # noqa: E402
 
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")
 def test_checks_in_interpreter():
-    child = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-m", "not gpu and not slow"],
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-2000:]
-    assert " passed" in child.stdout
+    assert_passes_in_interpreter(__file__)
 
 
 @pytest.fixture(autouse=True)

@@ -9,39 +9,21 @@ they are skipped. `TRITON_INTERPRET=1 pytest tests/test_triton_kernel.py` runs t
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+from helpers.interpreter import INTERPRETING, assert_passes_in_interpreter, compiled_cuda, interpreter  # noqa: E402
+
 from pola_gnt.attention import triton_kernel  # noqa: E402
 from pola_gnt.attention.functional import polarity_attention, polarity_attention_linear  # noqa: E402
 from pola_gnt.attention.reference import polarity_attention_reference as reference  # noqa: E402
 
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
-interpreter = pytest.mark.skipif(
-    not INTERPRETING, reason="runs in the TRITON_INTERPRET=1 child of test_kernels_in_interpreter"
-)
-compiled_cuda = pytest.mark.skipif(
-    INTERPRETING or not torch.cuda.is_available(), reason="needs a CUDA device and compiled kernels"
-)
-
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")
 def test_kernels_in_interpreter():
-    child = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-m", "not gpu and not slow"],
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-2000:]
-    assert " passed" in child.stdout  # the kernel tests ran rather than all being skipped
+    assert_passes_in_interpreter(__file__)
 
 
 def make_inputs(

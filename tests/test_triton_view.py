@@ -10,40 +10,23 @@ As in `test_triton_kernel.py`, the kernels run in Triton's CPU interpreter in a 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+from helpers.interpreter import INTERPRETING, assert_passes_in_interpreter, compiled_cuda, interpreter  # noqa: E402
+
 from pola_gnt.attention import gpu_kernels, triton_view, view_functional  # noqa: E402
 from pola_gnt.attention.features import EXPONENT_CLAMP  # noqa: E402
 from pola_gnt.attention.reference import polarity_attention_reference  # noqa: E402
 
-INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
-interpreter = pytest.mark.skipif(
-    not INTERPRETING, reason="runs in the TRITON_INTERPRET=1 child of test_kernels_in_interpreter"
-)
-compiled_cuda = pytest.mark.skipif(
-    INTERPRETING or not torch.cuda.is_available(), reason="needs a CUDA device and compiled kernels"
-)
 LEAF_NAMES = ("q", "k", "v", "temp_same", "temp_opp")
 
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")
 def test_kernels_in_interpreter():
-    child = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-m", "not gpu and not slow"],
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-2000:]
-    assert " passed" in child.stdout  # the kernel tests ran rather than all being skipped
+    assert_passes_in_interpreter(__file__)
 
 
 def view_case(points, views, heads, d, masked=True, strided=True, scale=1.0, seed=0, dtype=torch.float32, device="cpu"):
