@@ -47,15 +47,16 @@ def view_attention(q: Tensor) -> Callable[..., Tensor] | None:
     kernels = _module("triton_view")
     if kernels is None or not kernels.view_triton_supported(q):
         return None
-    return kernels.polarity_view_attention_triton if _passes_check("view", q, _check_view) else None
+    return kernels.polarity_view_attention_triton if _passes_check("view", q, q.shape[-1], _check_view) else None
 
 
 def ray_attention(q: Tensor, heads: int) -> Callable[..., Tensor] | None:
     """`triton_ray.polarity_ray_attention_triton` for `q` `[rays, samples, heads d]`, or None."""
     kernels = _module("triton_ray")
-    if kernels is None or not kernels.ray_triton_supported(q, q.shape[-1] // heads, q.shape[-2]):
+    head_dim = q.shape[-1] // heads
+    if kernels is None or not kernels.ray_triton_supported(q, head_dim, q.shape[-2]):
         return None
-    return kernels.polarity_ray_attention_triton if _passes_check("ray", q, _check_ray, heads) else None
+    return kernels.polarity_ray_attention_triton if _passes_check("ray", q, head_dim, _check_ray, heads) else None
 
 
 def linear_attention(q: Tensor) -> Callable[..., Tensor] | None:
@@ -63,11 +64,11 @@ def linear_attention(q: Tensor) -> Callable[..., Tensor] | None:
     kernels = _module("triton_kernel")
     if kernels is None or not kernels.triton_supported(q):
         return None
-    return kernels.polarity_attention_triton if _passes_check("linear", q, _check_linear) else None
+    return kernels.polarity_attention_triton if _passes_check("linear", q, q.shape[-1], _check_linear) else None
 
 
-def _passes_check(kernel: str, q: Tensor, check: Callable[..., None], *args: Any) -> bool:
-    head_dim = q.shape[-1] // args[0] if args else q.shape[-1]
+def _passes_check(kernel: str, q: Tensor, head_dim: int, check: Callable[..., None], *args: Any) -> bool:
+    """Whether `kernel` passed `check(device, dtype, head_dim, *args)` for `q`'s device and dtype (run once)."""
     key = (kernel, str(q.device), q.dtype, head_dim)
     if key not in _checked:
         # Whatever the caller's mode (rendering runs under inference mode and autocast), the check

@@ -168,7 +168,7 @@ class _PolarityViewAttention(torch.autograd.Function):
 
 
 def _broadcasts_to(x: Tensor, shape: tuple[int, int]) -> bool:
-    """Whether `x.expand(shape)` works (per-point temperatures, say, do not go to the Triton kernels)."""
+    """Whether `x.expand(shape)` works (per-point temperatures, say, do not go to the fused kernels)."""
     return x.dim() <= len(shape) and all(size in (1, want) for size, want in zip(x.shape[::-1], shape[::-1]))
 
 
@@ -203,8 +203,10 @@ def polarity_view_attention(
     heads, d = q.shape[-2:]
     views = k.shape[-3]
     temperature_shape = (heads, 2 * d)
-    kernel = gpu_kernels.view_attention(q) if q.is_cuda else None
-    if kernel is not None and all(_broadcasts_to(t, temperature_shape) for t in (temp_same, temp_opp)):
+    # The fused kernels (GPU and CPU) take one temperature row per head.
+    per_head_temperatures = all(_broadcasts_to(t, temperature_shape) for t in (temp_same, temp_opp))
+    kernel = gpu_kernels.view_attention(q) if q.is_cuda and per_head_temperatures else None
+    if kernel is not None:
         # The kernels read every input dtype and compute in fp32 themselves.
         visible = None if key_mask is None else key_mask.reshape(-1, views).to(torch.float32)
         out = kernel(
@@ -219,12 +221,12 @@ def polarity_view_attention(
     with compute_precision(q, k, v, temp_same, temp_opp) as (q_, k_, v_, temp_same_, temp_opp_):
         batch = q.shape[:-2]
         q_ = q_.reshape(-1, *q.shape[-2:])  # [P, heads, d]
-        k_, v_ = (x.reshape(-1, *k.shape[-3:]) for x in (k_, v_))  # [P, keys, heads, d]
-        if cpu_kernels.usable(q_, d, views=k.shape[-3]) and temp_same_.dim() <= 2 and temp_opp_.dim() <= 2:
-            visible = None if key_mask is None else key_mask.reshape(-1, k.shape[-3]).to(q_.dtype)
-            temps = (temp_same_.expand(heads, 2 * d), temp_opp_.expand(heads, 2 * d))
+        k_, v_ = (x.reshape(-1, views, heads, d) for x in (k_, v_))  # [P, keys, heads, d]
+        if per_head_temperatures and cpu_kernels.usable(q_, d, views=views):
+            visible = None if key_mask is None else key_mask.reshape(-1, views).to(q_.dtype)
+            temps = (temp_same_.expand(temperature_shape), temp_opp_.expand(temperature_shape))
             out = cpu_kernels.view_attention(q_, k_, v_, *temps, visible)
         else:
-            visible = None if key_mask is None else key_mask.reshape(-1, k.shape[-3], 1).to(q_.dtype)
+            visible = None if key_mask is None else key_mask.reshape(-1, views, 1).to(q_.dtype)
             out = _PolarityViewAttention.apply(q_, k_, v_, temp_same_, temp_opp_, visible)
     return out.reshape(*batch, *q.shape[-2:]).to(q.dtype)

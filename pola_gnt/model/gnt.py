@@ -192,8 +192,9 @@ def source_colour_statistics(
     visible = gathered.visible.to(gathered.values.dtype)[..., None]  # [rays, samples, views, 1]
     count = visible.sum(dim=2)  # [rays, samples, 1]
     rgb = gathered.values[..., :3]  # zero where not visible
-    mean = rgb.sum(dim=2) / count.clamp(min=1.0)
-    variance = ((rgb - mean[:, :, None, :]).square() * visible).sum(dim=2) / count.clamp(min=1.0)
+    views = count.clamp(min=1.0)
+    mean = rgb.sum(dim=2) / views
+    variance = ((rgb - mean[:, :, None, :]).square() * visible).sum(dim=2) / views
     spread = variance.clamp(min=0.0).sqrt().mean(dim=-1)  # [rays, samples]
     return mean, torch.where(count[..., 0] >= 2, spread, torch.full_like(spread, 0.5))
 
