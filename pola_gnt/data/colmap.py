@@ -221,22 +221,19 @@ def view_bounds(reconstruction, image, reliable: set[int]) -> tuple[float, float
     return float(near), float(far)
 
 
-def undistorted_cameras(model_dir: Path) -> dict[str, tuple[float, float, float, float, int, int]]:
-    """Image name -> (fx, fy, cx, cy, width, height) of the undistorted (pinhole) model in `model_dir`."""
+def undistorted_camera(camera) -> tuple[float, float, float, float, int, int]:
+    """COLMAP's pinhole camera for a (distorted) camera, (fx, fy, cx, cy, width, height): the
+    largest image with no blank pixels (COLMAP's default undistortion options)."""
     pycolmap = import_pycolmap()
-    model = pycolmap.Reconstruction(str(model_dir))
-    cameras = {}
-    for image in model.images.values():
-        camera = model.cameras[image.camera_id]
-        cameras[image.name] = (
-            float(camera.focal_length_x),
-            float(camera.focal_length_y),
-            float(camera.principal_point_x),
-            float(camera.principal_point_y),
-            int(camera.width),
-            int(camera.height),
-        )
-    return cameras
+    pinhole = pycolmap.undistort_camera(pycolmap.UndistortCameraOptions(), camera)
+    return (
+        float(pinhole.focal_length_x),
+        float(pinhole.focal_length_y),
+        float(pinhole.principal_point_x),
+        float(pinhole.principal_point_y),
+        int(pinhole.width),
+        int(pinhole.height),
+    )
 
 
 def common_pinhole(cameras: list[tuple[float, float, float, float, int, int]]) -> tuple[float, int, int]:
