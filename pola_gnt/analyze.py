@@ -44,18 +44,18 @@ from pola_gnt.attention.diagnostics import (
     split_gates,
 )
 from pola_gnt.attention.modules import PolaAttentionBase, PolaRayAttention, PolaViewAttention
-from pola_gnt.config import entry_point
+from pola_gnt.core.errors import UserError
+from pola_gnt.core.files import write_atomic
 from pola_gnt.data.datamodule import eval_source_ids, source_batch
-from pola_gnt.data.llff import Scene
+from pola_gnt.data.scene import Scene
 from pola_gnt.data.scenes import load_scene
-from pola_gnt.errors import UserError
+from pola_gnt.evaluation.metrics import LOGGED_MIN_MSE, mse_to_psnr
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
-from pola_gnt.metrics import LOGGED_MIN_MSE, mse_to_psnr
 from pola_gnt.model.gnt import GNT
 from pola_gnt.model.renderer import render_rays
-from pola_gnt.runfiles import write_atomic
-from pola_gnt.settings import AnalyzeSettings
-from pola_gnt.trained_runs import load_trained_checkpoint, task_overrides
+from pola_gnt.runs.hydra_app import entry_point
+from pola_gnt.runs.settings import AnalyzeSettings
+from pola_gnt.runs.trained_runs import load_trained_checkpoint, task_overrides
 
 ENTROPY_METHODS = ("pola_same", "pola_opp", "softmax", "relu_linear")
 ENTROPY_LABELS = {

@@ -20,10 +20,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from pola_gnt.config import announce, entry_point
 from pola_gnt.data.datamodule import SceneDataModule
 from pola_gnt.data.scenes import load_scene
-from pola_gnt.trained_runs import load_trained_checkpoint, task_overrides
+from pola_gnt.runs.hydra_app import announce, entry_point
+from pola_gnt.runs.trained_runs import load_trained_checkpoint, task_overrides
 
 
 def evaluate(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> dict | None:

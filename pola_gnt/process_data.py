@@ -32,7 +32,8 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from pola_gnt.config import entry_point
+from pola_gnt.core.errors import UserError, check_bool
+from pola_gnt.core.files import staged_folder
 from pola_gnt.data.capture import is_video, prepare_capture
 from pola_gnt.data.colmap import (
     EXHAUSTIVE_MAX_IMAGES,
@@ -46,11 +47,10 @@ from pola_gnt.data.colmap import (
     undistorted_camera,
     view_bounds,
 )
-from pola_gnt.data.llff import downsample_folder, image_folder_name, read_image
-from pola_gnt.errors import UserError, check_bool
+from pola_gnt.data.images import downsample_folder, image_folder_name, read_image
 from pola_gnt.geometry.cameras import opencv_to_llff
-from pola_gnt.runfiles import staged_folder
-from pola_gnt.settings import CaptureOptions, ProcessDataSettings
+from pola_gnt.runs.hydra_app import entry_point
+from pola_gnt.runs.settings import CaptureOptions, ProcessDataSettings
 
 MIN_IMAGES = 3
 DOWNSAMPLED_FACTORS = (4, 8)

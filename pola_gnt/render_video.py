@@ -24,18 +24,19 @@ from omegaconf import DictConfig
 from torch import Tensor
 from tqdm import tqdm
 
-from pola_gnt.config import announce, entry_point
-from pola_gnt.data.llff import Scene, to_uint8
+from pola_gnt.core.errors import UserError
+from pola_gnt.core.files import staged_file
+from pola_gnt.data.images import to_uint8
+from pola_gnt.data.scene import Scene
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.data.source_views import nearest_views
-from pola_gnt.errors import UserError
+from pola_gnt.evaluation.scoring import colorize_depth
 from pola_gnt.geometry.camera_paths import interpolate_path, spiral_path
 from pola_gnt.model.gnt import GNT, SourceViews
 from pola_gnt.model.renderer import RenderedImage, render_image
-from pola_gnt.runfiles import staged_file
-from pola_gnt.scoring import colorize_depth
-from pola_gnt.settings import VideoSettings
-from pola_gnt.trained_runs import load_trained_checkpoint, task_overrides
+from pola_gnt.runs.hydra_app import announce, entry_point
+from pola_gnt.runs.settings import VideoSettings
+from pola_gnt.runs.trained_runs import load_trained_checkpoint, task_overrides
 
 RGB_VIDEO = "video_rgb.mp4"
 DEPTH_VIDEO = "video_depth.mp4"

@@ -38,8 +38,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from pola_gnt.errors import UserError, exit_on_user_error
-from pola_gnt.stats import Summary, summarize
+from pola_gnt.core.errors import UserError, exit_on_user_error
+from pola_gnt.evaluation.stats import Summary, summarize
 
 METRICS = ("psnr", "ssim", "lpips")
 METRIC_TITLES = {"psnr": "PSNR (dB) ↑", "ssim": "SSIM ↑", "lpips": "LPIPS ↓"}

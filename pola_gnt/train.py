@@ -45,8 +45,12 @@ from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.utilities import rank_zero_only
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from pola_gnt.budget import MAX_TIME_KEY, max_time_seconds
-from pola_gnt.checkpoints import (
+from pola_gnt.core.errors import DIVERGED_EXIT_CODE, RunStopped, UserError
+from pola_gnt.core.files import clean_temporaries, disk_error, is_disk_error, write_atomic
+from pola_gnt.data.datamodule import SceneDataModule
+from pola_gnt.data.scenes import load_scene
+from pola_gnt.runs.budget import MAX_TIME_KEY, max_time_seconds
+from pola_gnt.runs.checkpoints import (
     CHECKPOINT_DIR,
     check_compatible,
     is_state_dict_mismatch,
@@ -55,22 +59,11 @@ from pola_gnt.checkpoints import (
     state_dict_mismatch,
     stored_run_config,
 )
-from pola_gnt.config import announce, entry_point, validate_config
-from pola_gnt.data.datamodule import SceneDataModule
-from pola_gnt.data.scenes import load_scene
-from pola_gnt.errors import DIVERGED_EXIT_CODE, RunStopped, UserError
-from pola_gnt.guards import Interrupted, StopSignals, TrainingGuard
-from pola_gnt.runfiles import (
-    NonFiniteError,
-    RunLock,
-    SafeCheckpointIO,
-    clean_temporaries,
-    disk_error,
-    is_disk_error,
-    write_atomic,
-)
-from pola_gnt.settings import RunSettings
-from pola_gnt.system import GNTSystem
+from pola_gnt.runs.guards import Interrupted, StopSignals, TrainingGuard
+from pola_gnt.runs.hydra_app import announce, entry_point, validate_config
+from pola_gnt.runs.run_folder import NonFiniteError, RunLock, SafeCheckpointIO
+from pola_gnt.runs.settings import RunSettings
+from pola_gnt.runs.system import GNTSystem
 
 LAST = "last.ckpt"
 

@@ -47,11 +47,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
 from pola_gnt.attention import cpu_kernels
-from pola_gnt.errors import UserError, exit_on_user_error
+from pola_gnt.core.errors import UserError, exit_on_user_error
 from pola_gnt.geometry.rays import Rays, pixel_rays
 from pola_gnt.geometry.samples import sample_depths
 from pola_gnt.model import GNT, SourceViews
-from pola_gnt.runtime import configure_cpu_allocator
+from pola_gnt.runs.process import configure_cpu_allocator
 
 MODELS = {"gnt": ("subtraction", "softmax"), "pola_gnt": ("pola", "pola")}
 HEIGHT, WIDTH = 378, 504  # LLFF at factor 8

@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pola_gnt.errors import UserError, exit_on_user_error  # noqa: E402
+from pola_gnt.core.errors import UserError, exit_on_user_error  # noqa: E402
 
 
 def read_log(run_dir: Path) -> dict[str, list[tuple[int, float]]]:

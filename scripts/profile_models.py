@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_render import MODELS, model_steps, synthetic_rig  # noqa: E402
 
 import pola_gnt  # noqa: F401, E402  (first: sets the OpenMP wait policy before torch starts OpenMP)
-from pola_gnt.runtime import configure_cpu_allocator  # noqa: E402
+from pola_gnt.runs.process import configure_cpu_allocator  # noqa: E402
 
 
 def profile_model(kind: str, args: argparse.Namespace, device: torch.device) -> tuple[float, list[tuple]]:

@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from helpers import run_module  # noqa: E402, F401  (re-exported: `from conftest import run_module`)
 
 import pola_gnt  # noqa: E402, F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
-from pola_gnt.paths import DEMO_ENV, PROJECT_ROOT  # noqa: E402
+from pola_gnt.core.paths import DEMO_ENV, PROJECT_ROOT  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 

@@ -12,16 +12,10 @@ from conftest import TINY_OVERRIDES
 from helpers import assert_one_error_line, run_in_process, run_module
 from omegaconf import OmegaConf
 
-from pola_gnt.analyze import (
-    ENTROPY_METHODS,
-    analyze,
-    gate_projection,
-    recording_attention,
-    temperature_pairs,
-)
+from pola_gnt.analyze import ENTROPY_METHODS, analyze, gate_projection, recording_attention, temperature_pairs
 from pola_gnt.attention.diagnostics import attention_entropy, softmax_weights
 from pola_gnt.attention.modules import PolaRayAttention, split_heads
-from pola_gnt.errors import UserError
+from pola_gnt.core.errors import UserError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FIGURES = ("attention_temperatures.png", "attention_gates_pca.png", "attention_entropy.png")

@@ -8,7 +8,7 @@ import json
 import torch
 
 from pola_gnt.attention.modules import PolaRayAttention, PolaViewAttention, SoftmaxRayAttention
-from pola_gnt.paths import PROJECT_ROOT
+from pola_gnt.core.paths import PROJECT_ROOT
 
 
 def _bench_render():

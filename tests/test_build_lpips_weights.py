@@ -19,9 +19,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pola_gnt.errors import UserError
-from pola_gnt.metrics import linear_parameters, load_lpips, lpips_distance, read_float_image
-from pola_gnt.paths import PROJECT_ROOT
+from pola_gnt.core.errors import UserError
+from pola_gnt.core.paths import PROJECT_ROOT
+from pola_gnt.evaluation.metrics import linear_parameters, load_lpips, lpips_distance, read_float_image
 
 
 def _load_script():

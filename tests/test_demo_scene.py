@@ -9,16 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from pola_gnt.core.errors import UserError
 from pola_gnt.data import demo_scene
-from pola_gnt.data.demo_scene import (
-    FULL_FOCAL,
-    N_VIEWS,
-    demo_cameras,
-    demo_depths,
-    ensure_demo_scene,
-    render_demo_view,
-)
-from pola_gnt.errors import UserError
+from pola_gnt.data.demo_scene import FULL_FOCAL, N_VIEWS, demo_cameras, demo_depths, ensure_demo_scene, render_demo_view
 from pola_gnt.geometry.projection import project_points
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 

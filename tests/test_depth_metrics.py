@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from pola_gnt.data.demo_scene import demo_depth
 from pola_gnt.data.scenes import exact_depth_source, load_scene
-from pola_gnt.depth_metrics import best_abs_rel_constant, best_constant_errors, depth_errors
+from pola_gnt.evaluation.depth_metrics import best_abs_rel_constant, best_constant_errors, depth_errors
 from pola_gnt.geometry.projection import project_points
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays, points_along_rays
 
@@ -110,7 +110,7 @@ def test_exact_depth_is_the_renderers_z_depth_in_the_normalised_scene(tmp_path):
 def test_scorer_reports_depth_in_the_scenes_own_units(tmp_path):
     """The scorer's depth errors: 0 for the exact depth, the best constant's for a constant, and RMSE
     in the demo's units (the normalised depth divided by the scene scale)."""
-    from pola_gnt.scoring import ViewScorer
+    from pola_gnt.evaluation.scoring import ViewScorer
 
     scene_cfg, scene = _demo_scene(tmp_path, factor=32)
     exact_depth = exact_depth_source(scene_cfg, scene)

@@ -13,11 +13,11 @@ from conftest import TINY_OVERRIDES
 from helpers import assert_one_error_line, run_in_process, run_module
 from hydra import compose, initialize_config_dir
 
-from pola_gnt.checkpoints import checkpoint_config, run_config_with_overrides
-from pola_gnt.config import CONFIG_DIR
-from pola_gnt.errors import UserError
+from pola_gnt.core.errors import UserError
 from pola_gnt.eval import evaluate
-from pola_gnt.trained_runs import load_trained_checkpoint
+from pola_gnt.runs.checkpoints import checkpoint_config, run_config_with_overrides
+from pola_gnt.runs.hydra_app import CONFIG_DIR
+from pola_gnt.runs.trained_runs import load_trained_checkpoint
 
 METRICS = ("psnr", "ssim", "lpips")
 

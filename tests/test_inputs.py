@@ -18,12 +18,13 @@ from hypothesis.extra import numpy as hnp
 from omegaconf import OmegaConf
 from PIL import Image
 
-from pola_gnt.checkpoints import resolve_checkpoint
-from pola_gnt.config import CONFIG_DIR, check_scene_config, validate_config
-from pola_gnt.data.llff import list_images, load_llff_scene, read_image, read_poses_bounds
+from pola_gnt.core.errors import UserError
+from pola_gnt.core.paths import PROJECT_ROOT
+from pola_gnt.data.images import list_images, read_image
+from pola_gnt.data.llff import load_llff_scene, read_poses_bounds
 from pola_gnt.data.scenes import load_scene
-from pola_gnt.errors import UserError
-from pola_gnt.paths import PROJECT_ROOT
+from pola_gnt.runs.checkpoints import resolve_checkpoint
+from pola_gnt.runs.hydra_app import CONFIG_DIR, check_scene_config, validate_config
 
 HYPOTHESIS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -268,12 +269,12 @@ def test_count_mismatch_names_the_images_without_poses(tmp_path):
 
 
 def test_data_check_writes_nothing(tmp_path, monkeypatch):
-    """`python -m pola_gnt.data` prints the summary and leaves no run folder or log anywhere."""
+    """`python -m pola_gnt.check_scene` prints the summary and leaves no run folder or log anywhere."""
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
     before = set(PROJECT_ROOT.iterdir())
-    result = run_module("data", "data.factor=32", cwd=tmp_path, env=env, timeout=120)
+    result = run_module("check_scene", "data.factor=32", cwd=tmp_path, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "scene" in result.stdout and list(tmp_path.iterdir()) == [] and set(PROJECT_ROOT.iterdir()) == before
     monkeypatch.chdir(tmp_path)
-    assert_one_error_line(run_in_process("data", "data.llffhold=abc"), "error: data.llffhold")
+    assert_one_error_line(run_in_process("check_scene", "data.llffhold=abc"), "error: data.llffhold")
     assert list(tmp_path.iterdir()) == [] and set(PROJECT_ROOT.iterdir()) == before

@@ -1,6 +1,7 @@
-"""The package's layers import downward only (docs/ARCHITECTURE.md, "Layers"): every module's imports,
-read from its source (`ast`, imports inside functions included), go to a lower layer or to its own
-component; no entry point imports another; `geometry` imports nothing else of the package."""
+"""The package's layers import downward only (docs/ARCHITECTURE.md, "Layers"): a module's layer is its
+folder; every module's imports, read from its source (`ast`, imports inside functions included), go to
+a lower layer or to its own folder; no entry point imports another; `geometry` imports nothing else
+of the package."""
 
 from __future__ import annotations
 
@@ -13,50 +14,19 @@ import pola_gnt
 
 PACKAGE_DIR = Path(pola_gnt.__file__).parent
 
-# Lowest first. A module may import the layers below its own, and the modules of its own component.
-LAYERS: list[tuple[str, dict[str, tuple[str, ...]]]] = [
-    (
-        "base",
-        {
-            "base": (
-                "pola_gnt",
-                "pola_gnt.errors",
-                "pola_gnt.paths",
-                "pola_gnt.runtime",
-                "pola_gnt.runfiles",
-                "pola_gnt.guards",
-            )
-        },
-    ),
-    ("geometry", {"geometry": ("pola_gnt.geometry",)}),
-    ("data, attention", {"data": ("pola_gnt.data",), "attention": ("pola_gnt.attention",)}),
-    ("model", {"model": ("pola_gnt.model",)}),
-    (
-        "evaluation",
-        {"evaluation": ("pola_gnt.metrics", "pola_gnt.depth_metrics", "pola_gnt.stats", "pola_gnt.scoring")},
-    ),
-    (
-        "runs",
-        {
-            "runs": (
-                "pola_gnt.budget",
-                "pola_gnt.checkpoints",
-                "pola_gnt.config",
-                "pola_gnt.settings",
-                "pola_gnt.system",
-                "pola_gnt.trained_runs",
-            )
-        },
-    ),
-    (
-        "entry points",
-        {
-            name: (f"pola_gnt.{name}",)
-            for name in ("train", "eval", "render_video", "report", "analyze", "process_data", "data.__main__")
-        }
-        | {"metrics.__main__": ("pola_gnt.metrics.__main__",)},
-    ),
+# The layers, lowest first: each is a folder of the package (a component), two folders for layer 2,
+# whose siblings do not import each other. A module's layer is its folder's; the modules directly in
+# `pola_gnt/` are the entry points (`python -m pola_gnt.<command>`), and the package's `__init__`
+# belongs to the bottom layer. A module imports its own folder and the layers below, never above.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("core", ("core",)),
+    ("geometry", ("geometry",)),
+    ("data, attention", ("data", "attention")),
+    ("model", ("model",)),
+    ("evaluation", ("evaluation",)),
+    ("runs", ("runs",)),
 ]
+ENTRY_POINTS = "entry points"
 
 
 def module_name(path: Path) -> str:
@@ -68,15 +38,21 @@ MODULES = {module_name(path): path for path in sorted(PACKAGE_DIR.rglob("*.py"))
 
 
 def place(module: str) -> tuple[int, str] | None:
-    """(layer index, component) of a module: the most specific prefix in the table wins."""
-    best: tuple[int, int, str] | None = None  # (prefix length, layer, component)
+    """(layer index, component) of a module, from its folder: `pola_gnt.<folder>.<...>` is in that
+    folder's layer, `pola_gnt.<name>` (a file directly in the package) is an entry point, the package
+    itself is in the bottom layer. None for a folder that is in no layer."""
+    parts = module.split(".")
+    if parts[0] != "pola_gnt":
+        return None
+    if len(parts) == 1:
+        return 0, LAYERS[0][1][0]
+    folder = parts[1]
     for layer, (_, components) in enumerate(LAYERS):
-        for component, prefixes in components.items():
-            for prefix in prefixes:
-                below = module.startswith(prefix + ".") and prefix != "pola_gnt"  # the root package is itself only
-                if (module == prefix or below) and (best is None or len(prefix) > best[0]):
-                    best = (len(prefix), layer, component)
-    return None if best is None else (best[1], best[2])
+        if folder in components:
+            return layer, folder
+    if len(parts) == 2 and (PACKAGE_DIR / f"{folder}.py").is_file():
+        return len(LAYERS), module
+    return None
 
 
 def imported_modules(source: str, module: str) -> set[str]:
@@ -104,19 +80,21 @@ def violations(modules: dict[str, str]) -> list[str]:
     for module, source in sorted(modules.items()):
         here = place(module)
         if here is None:
-            problems.append(f"{module}: in no layer (add it to LAYERS here and to docs/ARCHITECTURE.md)")
+            problems.append(f"{module}: in no layer (a new folder: add it to LAYERS here and to docs/ARCHITECTURE.md)")
             continue
         for target in sorted(imported_modules(source, module)):
             there = place(target)
             if target == module or there is None:
                 continue
+            here_name = ENTRY_POINTS if here[0] == len(LAYERS) else LAYERS[here[0]][0]
+            there_name = ENTRY_POINTS if there[0] == len(LAYERS) else LAYERS[there[0]][0]
             if module.startswith("pola_gnt.geometry") and not target.startswith("pola_gnt.geometry"):
                 problems.append(f"{module} imports {target}: geometry imports nothing else of pola_gnt")
             elif there[0] > here[0]:
-                problems.append(f"{module} ({LAYERS[here[0]][0]}) imports {target} ({LAYERS[there[0]][0]}): upward")
+                problems.append(f"{module} ({here_name}) imports {target} ({there_name}): upward")
             elif there[0] == here[0] and there[1] != here[1]:
-                kind = "another entry point" if LAYERS[here[0]][0] == "entry points" else "a sibling"
-                problems.append(f"{module} imports {target}: {kind} in its layer ({LAYERS[here[0]][0]})")
+                kind = "another entry point" if here_name == ENTRY_POINTS else "a sibling"
+                problems.append(f"{module} imports {target}: {kind} in its layer ({here_name})")
     return problems
 
 
@@ -128,24 +106,48 @@ def test_every_module_imports_downward_only():
 def test_the_checker_sees_upward_sideways_and_lazy_imports():
     """The rules on made-up sources: each kind of violation is reported, allowed imports are not."""
     modules = {
-        "pola_gnt.geometry.rays": "from pola_gnt.errors import UserError\n",
+        "pola_gnt.geometry.rays": "from pola_gnt.core.errors import UserError\n",
         "pola_gnt.data.llff": "def f():\n    from pola_gnt.model.gnt import GNT\n",  # upward, inside a function
         "pola_gnt.attention.modules": "import pola_gnt.data.llff\n",  # sibling of the same layer
         "pola_gnt.model.gnt": "from pola_gnt.attention import modules\nfrom pola_gnt.geometry.rays import Rays\n",
         "pola_gnt.eval": "from pola_gnt.train import train\n",  # entry point -> entry point
-        "pola_gnt.train": "from pola_gnt.system import GNTSystem\n",
+        "pola_gnt.train": "from pola_gnt.runs.system import GNTSystem\n",
         "pola_gnt.elsewhere": "",
     }
     found = violations(modules)
     assert found == [
         "pola_gnt.attention.modules imports pola_gnt.data.llff: a sibling in its layer (data, attention)",
         "pola_gnt.data.llff (data, attention) imports pola_gnt.model.gnt (model): upward",
-        "pola_gnt.elsewhere: in no layer (add it to LAYERS here and to docs/ARCHITECTURE.md)",
+        "pola_gnt.elsewhere: in no layer (a new folder: add it to LAYERS here and to docs/ARCHITECTURE.md)",
         "pola_gnt.eval imports pola_gnt.train: another entry point in its layer (entry points)",
-        "pola_gnt.geometry.rays imports pola_gnt.errors: geometry imports nothing else of pola_gnt",
+        "pola_gnt.geometry.rays imports pola_gnt.core.errors: geometry imports nothing else of pola_gnt",
     ]
 
 
-@pytest.mark.parametrize("module", ["pola_gnt.geometry.cameras", "pola_gnt.metrics", "pola_gnt.metrics.__main__"])
-def test_every_module_has_a_place(module):
-    assert module in MODULES and place(module) is not None
+def test_a_planted_upward_import_fails():
+    """The real tree with one import added that runs up a layer (the kind the folders used to hide:
+    the evaluation layer reading a run's settings) is caught, by folder."""
+    modules = {name: path.read_text() for name, path in MODULES.items()}
+    modules["pola_gnt.evaluation.metrics"] += "\nfrom pola_gnt.runs.settings import RunSettings\n"
+    assert violations(modules) == [
+        "pola_gnt.evaluation.metrics (evaluation) imports pola_gnt.runs.settings (runs): upward",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("module", "layer"),
+    [
+        ("pola_gnt", "core"),
+        ("pola_gnt.core.errors", "core"),
+        ("pola_gnt.geometry.cameras", "geometry"),
+        ("pola_gnt.data.scene", "data, attention"),
+        ("pola_gnt.evaluation.metrics", "evaluation"),
+        ("pola_gnt.runs.system", "runs"),
+        ("pola_gnt.metrics", ENTRY_POINTS),
+        ("pola_gnt.check_scene", ENTRY_POINTS),
+    ],
+)
+def test_a_module_is_placed_by_its_folder(module, layer):
+    found = place(module)
+    assert module in MODULES and found is not None
+    assert (ENTRY_POINTS if found[0] == len(LAYERS) else LAYERS[found[0]][0]) == layer

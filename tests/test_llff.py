@@ -11,9 +11,9 @@ import pytest
 import torch
 from helpers import assert_one_error_line, run_in_process
 
+from pola_gnt.core.errors import UserError
 from pola_gnt.data.llff import load_llff_scene
 from pola_gnt.data.source_views import nearest_views, random_training_views
-from pola_gnt.errors import UserError
 from pola_gnt.geometry.cameras import llff_to_opencv
 from pola_gnt.geometry.projection import project_points
 from pola_gnt.geometry.rays import pixel_rays, points_along_rays
@@ -191,8 +191,8 @@ def test_bad_input_raises_user_error(corrupt, fern_dir, tmp_path):
 
 
 def _run_data_check(*overrides: str):
-    """`python -m pola_gnt.data overrides...` (in this process: only its output is checked)."""
-    return run_in_process("data", *overrides)
+    """`python -m pola_gnt.check_scene overrides...` (in this process: only its output is checked)."""
+    return run_in_process("check_scene", *overrides)
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,9 @@ import pytest
 import torch
 from helpers import CommandResult, assert_one_error_line, run_module
 
-from pola_gnt.errors import UserError
-from pola_gnt.metrics import (
+from pola_gnt.core.errors import UserError
+from pola_gnt.core.paths import LPIPS_WEIGHTS_ENV
+from pola_gnt.evaluation.metrics import (
     ImageMetrics,
     backbone_parameters,
     build_lpips_skeleton,
@@ -25,8 +26,7 @@ from pola_gnt.metrics import (
     read_float_image,
     ssim,
 )
-from pola_gnt.metrics.__main__ import main
-from pola_gnt.paths import LPIPS_WEIGHTS_ENV
+from pola_gnt.metrics import main
 
 
 def _calibration(calibration_dir: Path) -> tuple[dict[str, float], float]:

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from pola_gnt.errors import UserError
+from pola_gnt.core.errors import UserError
 from pola_gnt.geometry.projection import project_points
 from pola_gnt.geometry.rays import Rays, pixel_rays
 from pola_gnt.model import GNT, ImageEncoder, SourceViews

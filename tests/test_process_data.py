@@ -19,10 +19,11 @@ import torch
 from helpers import run_in_process, run_module
 from PIL import Image, ImageFilter
 
+from pola_gnt.core.errors import UserError
 from pola_gnt.data.align import camera_errors, umeyama
 from pola_gnt.data.capture import prepare_capture, sharpness
-from pola_gnt.data.llff import load_llff_scene, read_poses_bounds, to_uint8
-from pola_gnt.errors import UserError
+from pola_gnt.data.images import to_uint8
+from pola_gnt.data.llff import load_llff_scene, read_poses_bounds
 from pola_gnt.geometry.cameras import llff_to_opencv
 from pola_gnt.process_data import process_data, training_factor, undistort_to_pinhole
 
@@ -375,7 +376,7 @@ def test_umeyama_recovers_a_similarity():
 def test_scene_path_alone_names_the_scene(fern_processed):
     from hydra import compose, initialize_config_dir
 
-    from pola_gnt.config import CONFIG_DIR
+    from pola_gnt.runs.hydra_app import CONFIG_DIR
 
     out, _ = fern_processed
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

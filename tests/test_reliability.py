@@ -19,12 +19,13 @@ from conftest import TINY_OVERRIDES
 from helpers import assert_one_error_line
 from hydra import compose, initialize_config_dir
 
-from pola_gnt.config import CONFIG_DIR
-from pola_gnt.errors import RunStopped, UserError
-from pola_gnt.guards import TrainingGuard
-from pola_gnt.paths import PROJECT_ROOT
-from pola_gnt.runfiles import LOCK_NAME, NonFiniteError, RunLock, SafeCheckpointIO, write_atomic
-from pola_gnt.system import GNTSystem
+from pola_gnt.core.errors import RunStopped, UserError
+from pola_gnt.core.files import write_atomic
+from pola_gnt.core.paths import PROJECT_ROOT
+from pola_gnt.runs.guards import TrainingGuard
+from pola_gnt.runs.hydra_app import CONFIG_DIR
+from pola_gnt.runs.run_folder import LOCK_NAME, NonFiniteError, RunLock, SafeCheckpointIO
+from pola_gnt.runs.system import GNTSystem
 from pola_gnt.train import train
 
 COMMON = ["model=pola_gnt", *TINY_OVERRIDES, "seed=3", "trainer.val_check_interval=2"]
@@ -289,7 +290,7 @@ def test_training_on_a_full_or_read_only_disk(small_disk, mode):
 
 
 def test_metrics_json_is_strict_json_with_null_reasons(tmp_path):
-    from pola_gnt.scoring import ViewResult, write_results
+    from pola_gnt.evaluation.scoring import ViewResult, write_results
 
     results = [
         ViewResult(
@@ -355,12 +356,12 @@ def test_random_sigkills_then_resume_give_the_uninterrupted_metrics(tmp_path):
 
 
 def test_sigkill_during_a_write_leaves_the_old_file_and_a_cleanable_temporary(tmp_path):
-    from pola_gnt.runfiles import clean_temporaries
+    from pola_gnt.core.files import clean_temporaries
 
     target = tmp_path / "last.ckpt"
     target.write_bytes(b"old checkpoint")
     code = (
-        "import sys; from pathlib import Path; from pola_gnt.runfiles import write_atomic; "
+        "import sys; from pathlib import Path; from pola_gnt.core.files import write_atomic; "
         "print('go', flush=True); write_atomic(Path(sys.argv[1]), b'x' * (1 << 31))"
     )
     process = subprocess.Popen([sys.executable, "-c", code, str(target)], cwd=PROJECT_ROOT, stdout=subprocess.PIPE)

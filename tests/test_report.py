@@ -12,7 +12,7 @@ import imageio.v3 as iio
 import pytest
 from helpers import CommandResult, assert_one_error_line, run_module
 
-from pola_gnt.errors import UserError
+from pola_gnt.core.errors import UserError
 from pola_gnt.report import LLFF_SCENES, METRICS, find_metrics_files, load_run, write_report
 from pola_gnt.report import main as report_main
 

@@ -15,14 +15,14 @@ from helpers import assert_one_error_line, run_in_process
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from pola_gnt.config import CONFIG_DIR, CONFIG_NAME, GPU_CONFIG_NAME, default_config_name, validate_config
+from pola_gnt.core.errors import UserError, check_int, check_number
 from pola_gnt.data.datamodule import TrainSteps, crop_views, source_batch
 from pola_gnt.data.sampling import crop_size, draw_crop, scaled_ray_count
 from pola_gnt.data.scenes import load_scene
-from pola_gnt.errors import UserError, check_int, check_number
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 from pola_gnt.render_video import scaled_intrinsics
-from pola_gnt.settings import RandomCrop, RunSettings, VideoSettings
+from pola_gnt.runs.hydra_app import CONFIG_DIR, CONFIG_NAME, GPU_CONFIG_NAME, default_config_name, validate_config
+from pola_gnt.runs.settings import RandomCrop, RunSettings, VideoSettings
 
 
 def compose_config(*overrides: str, name: str = CONFIG_NAME):

@@ -12,8 +12,8 @@ import torch
 from jaxtyping import TypeCheckError
 
 from pola_gnt.attention.functional import polarity_attention
+from pola_gnt.core.paths import PROJECT_ROOT
 from pola_gnt.geometry.rays import Rays, points_along_rays
-from pola_gnt.paths import PROJECT_ROOT
 
 
 def test_dataclass_fields_are_checked_together():

@@ -14,10 +14,10 @@ from conftest import TINY_OVERRIDES
 from helpers import run_in_process, run_module
 from omegaconf import OmegaConf
 
-from pola_gnt.budget import budget_document, max_time_seconds, training_document
-from pola_gnt.errors import UserError
+from pola_gnt.core.errors import UserError
+from pola_gnt.evaluation.stats import student_t_cdf, student_t_quantile, summarize
 from pola_gnt.report import build_report, write_full_report
-from pola_gnt.stats import student_t_cdf, student_t_quantile, summarize
+from pola_gnt.runs.budget import budget_document, max_time_seconds, training_document
 
 # Two-sided 95% quantiles t_{0.975, df} (standard tables, 10 digits).
 T_975 = {3: 3.182446305, 4: 2.776445105, 5: 2.570581836, 10: 2.228138852, 30: 2.042272456}

@@ -14,13 +14,13 @@ from lightning_fabric.utilities.apply_func import move_data_to_device
 from lightning_utilities.core.apply_func import apply_to_collection
 from omegaconf import OmegaConf
 
-from pola_gnt.config import CONFIG_DIR
 from pola_gnt.data.batches import RayBatch
 from pola_gnt.data.datamodule import TrainSteps
 from pola_gnt.data.scenes import load_scene
+from pola_gnt.evaluation.metrics import mse_to_psnr
 from pola_gnt.geometry.rays import Rays
-from pola_gnt.metrics import mse_to_psnr
-from pola_gnt.system import GNTSystem
+from pola_gnt.runs.hydra_app import CONFIG_DIR
+from pola_gnt.runs.system import GNTSystem
 from pola_gnt.train import train
 
 

@@ -13,16 +13,17 @@ import torch
 from helpers import assert_one_error_line, run_in_process, run_module
 from omegaconf import OmegaConf
 
-from pola_gnt.checkpoints import read_checkpoint, stored_run_config
-from pola_gnt.data.llff import load_llff_scene, to_uint8
+from pola_gnt.core.errors import UserError
+from pola_gnt.core.paths import demo_scene_dir
+from pola_gnt.data.images import to_uint8
+from pola_gnt.data.llff import load_llff_scene
 from pola_gnt.data.scenes import load_scene
-from pola_gnt.errors import UserError
+from pola_gnt.evaluation.metrics import mse_to_psnr
 from pola_gnt.geometry.camera_paths import focus_depth, interpolate_path, spiral_path
-from pola_gnt.metrics import mse_to_psnr
 from pola_gnt.model.renderer import RenderedImage, render_image
-from pola_gnt.paths import demo_scene_dir
 from pola_gnt.render_video import DEPTH_VIDEO, RGB_VIDEO, VideoSettings, frame_source_views, write_videos
-from pola_gnt.system import GNTSystem
+from pola_gnt.runs.checkpoints import read_checkpoint, stored_run_config
+from pola_gnt.runs.system import GNTSystem
 
 VIDEO_FACTOR = 64  # the demo scene at 63 x 47: fast, and odd sides exercise the even padding
 VIDEO_FRAMES = 5

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps
 
-from pola_gnt.data.llff import IMAGE_EXTENSIONS
-from pola_gnt.errors import UserError, check_int
+from pola_gnt.core.errors import UserError, check_int
+from pola_gnt.data.images import IMAGE_EXTENSIONS
 
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".m4v", ".avi", ".mkv", ".webm")
 JPEG_EXTENSIONS = (".jpg", ".jpeg")

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from pola_gnt.errors import UserError
+from pola_gnt.core.errors import UserError
 
 CAMERA_MODELS = ("SIMPLE_RADIAL", "RADIAL", "SIMPLE_PINHOLE")  # one focal length: fx = fy, as LLFF
 CAMERA_MODES = ("single", "per_image")

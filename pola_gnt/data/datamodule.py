@@ -19,8 +19,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from pola_gnt.data.batches import RayBatch, SourceBatch, ViewBatch
-from pola_gnt.data.llff import Scene
 from pola_gnt.data.sampling import draw_crop, scaled_ray_count
+from pola_gnt.data.scene import Scene
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.data.source_views import nearest_views, random_training_views
 from pola_gnt.geometry.rays import pixel_coordinates, pixel_rays
@@ -44,7 +44,7 @@ def eval_source_ids(scene: Scene, view: int, count: int) -> list[int]:
 
 class TrainSteps(Dataset[RayBatch]):
     """Item `step`: the training batch of that global step (on this rank). `data_cfg`: the `data`
-    config section, or the checked `pola_gnt.settings.DataSettings` (the same names)."""
+    config section, or the checked `pola_gnt.runs.settings.DataSettings` (the same names)."""
 
     def __init__(self, scene: Scene, data_cfg: Any, n_samples: int, n_steps: int, seed: int, rank: int):
         self.scene = scene

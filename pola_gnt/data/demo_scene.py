@@ -35,11 +35,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pola_gnt.data.llff import image_folder_name, to_uint8
-from pola_gnt.errors import UserError, check_int
+from pola_gnt.core.errors import UserError, check_int
+from pola_gnt.core.files import staged_folder, write_atomic
+from pola_gnt.data.images import image_folder_name, to_uint8
 from pola_gnt.geometry.cameras import look_at, opencv_to_llff
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
-from pola_gnt.runfiles import staged_folder, write_atomic
 
 # Full-resolution camera like fern's (hwf in poses_bounds.npy); only downsampled folders are written.
 FULL_HEIGHT = 3024

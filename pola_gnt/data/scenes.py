@@ -9,10 +9,11 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
+from pola_gnt.core.errors import UserError
+from pola_gnt.core.paths import default_data_root, demo_scene_dir
 from pola_gnt.data.demo_scene import demo_depth, ensure_demo_scene
-from pola_gnt.data.llff import Scene, load_llff_scene
-from pola_gnt.errors import UserError
-from pola_gnt.paths import default_data_root, demo_scene_dir
+from pola_gnt.data.llff import load_llff_scene
+from pola_gnt.data.scene import Scene
 
 SCENE_KINDS = ("llff", "demo")
 # `scene.name` of `scene=llff` given neither `scene.path` nor `scene.name` (conf/scene/llff.yaml).

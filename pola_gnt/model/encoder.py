@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from pola_gnt.errors import UserError
+from pola_gnt.core.errors import UserError
 
 
 def _instance_norm(channels: int) -> nn.InstanceNorm2d:

@@ -279,7 +279,7 @@ class GNT(nn.Module):
         readout_source_colour: bool = False,
     ):
         super().__init__()
-        # The config's values are checked (as user errors naming their keys) by `pola_gnt.settings`.
+        # The config's values are checked (as user errors naming their keys) by `pola_gnt.runs.settings`.
         if view_attention not in VIEW_ATTENTION_KINDS:
             raise ValueError(f"view_attention: {view_attention!r} is not one of {VIEW_ATTENTION_KINDS}")
         if ray_attention not in RAY_ATTENTION_KINDS:

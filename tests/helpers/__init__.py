@@ -4,12 +4,6 @@
 Import from tests as `from helpers import ...` (pytest puts `tests/` on `sys.path`).
 """
 
-from helpers.commands import (
-    CHILD_PROCESSES,
-    CommandResult,
-    assert_one_error_line,
-    run_in_process,
-    run_module,
-)
+from helpers.commands import CHILD_PROCESSES, CommandResult, assert_one_error_line, run_in_process, run_module
 
 __all__ = ["CHILD_PROCESSES", "CommandResult", "assert_one_error_line", "run_in_process", "run_module"]

@@ -11,8 +11,8 @@ from collections import Counter
 from dataclasses import dataclass
 from unittest import mock
 
-from pola_gnt.errors import USER_ERROR_EXIT_CODE
-from pola_gnt.paths import PROJECT_ROOT
+from pola_gnt.core.errors import USER_ERROR_EXIT_CODE
+from pola_gnt.core.paths import PROJECT_ROOT
 
 # Child processes started through `run_module`, by command (the suite's process budget: prefer
 # `run_in_process` where only the message matters; keep one child-process test per entry point).
@@ -47,19 +47,18 @@ def run_module(
 # Hydra leaves Python's logging as it is (no log file, no handler bound to the captured streams).
 _KEEP_LOGGING = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
 ARGPARSE_COMMANDS = ("report", "metrics")  # plain command lines, not Hydra apps
-PACKAGE_COMMANDS = ("data", "metrics")  # `python -m pola_gnt.<package>`: their `__main__` module
 
 
 def run_in_process(module: str, *overrides: str) -> CommandResult:
-    """Call the `main()` of entry point `pola_gnt.<module>` (`data` for `python -m pola_gnt.data`)
+    """Call the `main()` of entry point `pola_gnt.<module>`
     with these command-line arguments in this process; its exit code (0 when `main` returns, the
     `SystemExit` code otherwise) and what it printed. Hydra apps leave Python's logging alone."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
-    name = f"pola_gnt.{module}" + (".__main__" if module in PACKAGE_COMMANDS else "")
+    name = f"pola_gnt.{module}"
     entry = importlib.import_module(name)
-    extra = list(getattr(entry, "NO_OUTPUT_OVERRIDES", []))  # as `python -m pola_gnt.data` adds them
+    extra = list(getattr(entry, "NO_OUTPUT_OVERRIDES", []))  # as `python -m pola_gnt.check_scene` adds them
     hydra_app = module not in ARGPARSE_COMMANDS
     argv = [name, *extra, *(_KEEP_LOGGING if hydra_app else []), *overrides]
     stdout, stderr = io.StringIO(), io.StringIO()

@@ -12,7 +12,7 @@ import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import Container, DictConfig, OmegaConf
 
-from pola_gnt.errors import UserError
+from pola_gnt.core.errors import UserError
 
 CHECKPOINT_DIR = "checkpoints"
 

@@ -22,11 +22,12 @@ import numpy as np
 from jaxtyping import Float, UInt8
 from torch import Tensor
 
-from pola_gnt.data.llff import Scene, to_uint8
+from pola_gnt.core.files import strict_json_values, write_atomic
+from pola_gnt.data.images import to_uint8
+from pola_gnt.data.scene import Scene
 from pola_gnt.data.source_views import nearest_views
-from pola_gnt.depth_metrics import DEPTH_METRICS, best_constant_errors, depth_errors
-from pola_gnt.metrics import ImageMetrics
-from pola_gnt.runfiles import strict_json_values, write_atomic
+from pola_gnt.evaluation.depth_metrics import DEPTH_METRICS, best_constant_errors, depth_errors
+from pola_gnt.evaluation.metrics import ImageMetrics
 
 METRIC_NAMES = ("psnr", "ssim", "lpips")
 BASELINE_METHOD = "nearest_train_image"

@@ -20,7 +20,7 @@ from datetime import timedelta
 
 from omegaconf import DictConfig, OmegaConf
 
-from pola_gnt.errors import UserError
+from pola_gnt.core.errors import UserError
 
 MAX_TIME_KEY = "trainer.max_time"
 LIGHTNING_DURATION = re.compile(r"(\d+):(\d\d):(\d\d):(\d\d)")

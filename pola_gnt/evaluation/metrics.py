@@ -42,9 +42,9 @@ import torchvision
 from jaxtyping import Float
 from torch import Tensor
 
-from pola_gnt.data.llff import read_image as read_rgb8
-from pola_gnt.errors import UserError
-from pola_gnt.paths import LPIPS_WEIGHTS_ENV
+from pola_gnt.core.errors import UserError
+from pola_gnt.core.paths import LPIPS_WEIGHTS_ENV
+from pola_gnt.data.images import read_image as read_rgb8
 
 LPIPS_NETS = ("alex", "vgg")
 PROTOCOLS = ("standard", "gnt")  # standard, or GNT-compatible (see metrics_protocol.md)

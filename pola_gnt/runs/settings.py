@@ -7,7 +7,7 @@ is a `UserError` naming its full key (`model.net.width: ...`), which the entry p
 `error:` line with exit code 2. `RunSettings.check_scene` adds the checks that need the loaded scene
 (views requested against views available, crops and ray counts against the image size).
 
-Every value goes through one of the checks in `pola_gnt.errors` (`check_int`, `check_number`,
+Every value goes through one of the checks in `pola_gnt.core.errors` (`check_int`, `check_number`,
 `check_choice`, `check_bool`), so each kind of message is worded once.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from pola_gnt.core.errors import UserError, check_bool, check_choice, check_int, check_number, is_int
 from pola_gnt.data.sampling import crop_size, scaled_ray_count
-from pola_gnt.errors import UserError, check_bool, check_choice, check_int, check_number, is_int
 
 MAX_SEED = 2**32 - 1  # numpy's and Lightning's seed range
 _REQUIRED = object()
@@ -98,7 +98,7 @@ def config_choices() -> dict[str, tuple[str, ...]]:
     """Allowed values of the config keys that select behaviour, from the modules that own them."""
     from pola_gnt.attention.modules import RAY_ATTENTION_KINDS, VIEW_ATTENTION_KINDS
     from pola_gnt.data.scenes import SCENE_KINDS
-    from pola_gnt.metrics import LPIPS_NETS, PROTOCOLS
+    from pola_gnt.evaluation.metrics import LPIPS_NETS, PROTOCOLS
 
     return {
         "model.net.view_attention": VIEW_ATTENTION_KINDS,
@@ -325,7 +325,7 @@ class TrainerSettings:
 
     @classmethod
     def read(cls, r: ConfigReader) -> TrainerSettings:
-        from pola_gnt.budget import max_time_seconds
+        from pola_gnt.runs.budget import max_time_seconds
 
         max_steps = r.int("max_steps")
         interval = r.value("val_check_interval")

@@ -1,4 +1,4 @@
-"""`python -m pola_gnt.data [scene=NAME] [data.root=DIR] [data.factor=F]`: load a scene and print a
+"""`python -m pola_gnt.check_scene [scene=NAME] [data.root=DIR] [data.factor=F]`: load a scene and print a
 summary. Writes nothing (no run folder, no Hydra log); a missing `images_F/` folder is still built
 in the scene folder, as training would."""
 
@@ -6,8 +6,8 @@ import sys
 
 from omegaconf import DictConfig
 
-from pola_gnt.config import entry_point, validate_config
 from pola_gnt.data.scenes import load_scene
+from pola_gnt.runs.hydra_app import entry_point, validate_config
 
 # Given before the user's arguments, so an explicit `hydra.run.dir=...` still wins.
 NO_OUTPUT_OVERRIDES = [

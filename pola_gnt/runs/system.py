@@ -16,15 +16,11 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import Timer
 from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 
-from pola_gnt.budget import budget_document, timer_seconds_in_checkpoint, training_document
-from pola_gnt.checkpoints import container_dict
 from pola_gnt.data.batches import RayBatch, SourceBatch, ViewBatch
-from pola_gnt.data.llff import Scene
+from pola_gnt.data.scene import Scene
 from pola_gnt.data.scenes import exact_depth_source
-from pola_gnt.metrics import LOGGED_MIN_MSE, mse_to_psnr
-from pola_gnt.model.gnt import GNT, RayOutput, SourceViews
-from pola_gnt.model.renderer import render_image
-from pola_gnt.scoring import (
+from pola_gnt.evaluation.metrics import LOGGED_MIN_MSE, mse_to_psnr
+from pola_gnt.evaluation.scoring import (
     ViewResult,
     ViewScorer,
     build_image_metrics,
@@ -32,6 +28,10 @@ from pola_gnt.scoring import (
     protocol_stride,
     write_results,
 )
+from pola_gnt.model.gnt import GNT, RayOutput, SourceViews
+from pola_gnt.model.renderer import render_image
+from pola_gnt.runs.budget import budget_document, timer_seconds_in_checkpoint, training_document
+from pola_gnt.runs.checkpoints import container_dict
 
 
 class GNTSystem(pl.LightningModule):

@@ -11,7 +11,8 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from pola_gnt.checkpoints import (
+from pola_gnt.core.errors import UserError
+from pola_gnt.runs.checkpoints import (
     command_line_keys,
     read_checkpoint,
     resolve_checkpoint,
@@ -19,10 +20,9 @@ from pola_gnt.checkpoints import (
     state_dict_mismatch,
     stored_run_config,
 )
-from pola_gnt.config import CONFIG_DIR, validate_config
-from pola_gnt.errors import UserError
-from pola_gnt.settings import RunSettings
-from pola_gnt.system import GNTSystem
+from pola_gnt.runs.hydra_app import CONFIG_DIR, validate_config
+from pola_gnt.runs.settings import RunSettings
+from pola_gnt.runs.system import GNTSystem
 
 GNT_PROTOCOL_LPIPS_NET = "vgg"  # GNT (like NeRF and IBRNet) reported LPIPS-VGG
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DATA_ENV = "POLA_GNT_DATA"
 LPIPS_WEIGHTS_ENV = "POLA_GNT_LPIPS_WEIGHTS"
 DEMO_ENV = "POLA_GNT_DEMO"

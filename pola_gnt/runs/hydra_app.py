@@ -1,7 +1,7 @@
 """Hydra entry-point helper: every command composes the project config for the machine it runs on
 (`conf/config.yaml`, or `conf/config_gpu.yaml` when a CUDA device is present), says which device and
 preset it chose, and reports user errors as one `error:` line with exit code 2. The values
-themselves are checked in `pola_gnt.settings`."""
+themselves are checked in `pola_gnt.runs.settings`."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
 
-from pola_gnt.errors import exit_on_user_error
-from pola_gnt.paths import PROJECT_ROOT
-from pola_gnt.runtime import configure_cpu_allocator
-from pola_gnt.settings import RunSettings
+from pola_gnt.core.errors import exit_on_user_error
+from pola_gnt.core.paths import PROJECT_ROOT
+from pola_gnt.runs.process import configure_cpu_allocator
+from pola_gnt.runs.settings import RunSettings
 
 CONFIG_DIR = str(PROJECT_ROOT / "conf")
 CONFIG_NAME = "config"
@@ -132,8 +132,8 @@ class RunFolderCheck(HydraCallback):
 
     @staticmethod
     def _check(folder: Path) -> None:
-        from pola_gnt.errors import USER_ERROR_EXIT_CODE
-        from pola_gnt.runfiles import disk_error
+        from pola_gnt.core.errors import USER_ERROR_EXIT_CODE
+        from pola_gnt.core.files import disk_error
 
         try:
             folder.mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,7 @@ def exit_on_user_error(main: F) -> F:
 
 # ---- value checks: the one place that words "must be a positive integer" and its kin ---------------
 # Each takes the value and the full config key it came from (`data.factor`) and returns the value or
-# raises a one-line `UserError` naming the key. `pola_gnt.settings` reads every config value through
+# raises a one-line `UserError` naming the key. `pola_gnt.runs.settings` reads every config value through
 # these; library functions that take the same values as arguments use them too.
 
 

@@ -20,7 +20,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
 
-from pola_gnt.runfiles import NonFiniteError
+from pola_gnt.runs.run_folder import NonFiniteError
 
 SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None  # what `signal.signal` takes
 
