@@ -7,7 +7,8 @@ import sys
 from omegaconf import DictConfig
 
 from pola_gnt.data.scenes import load_scene
-from pola_gnt.runs.hydra_app import entry_point, validate_config
+from pola_gnt.runs.config.app import entry_point
+from pola_gnt.runs.config.read import read_run_settings
 
 # Given before the user's arguments, so an explicit `hydra.run.dir=...` still wins.
 NO_OUTPUT_OVERRIDES = [
@@ -21,8 +22,8 @@ NO_OUTPUT_OVERRIDES = [
 
 @entry_point
 def main(cfg: DictConfig) -> None:
-    validate_config(cfg)
-    print(load_scene(cfg.scene, cfg.data).summary())
+    settings = read_run_settings(cfg)
+    print(load_scene(settings.scene, settings.data).summary())
 
 
 if __name__ == "__main__":

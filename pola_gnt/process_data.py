@@ -16,13 +16,18 @@ end, so a failure or Ctrl-C never leaves half a scene. Options: conf/process_dat
 
 from __future__ import annotations
 
+from pola_gnt.runs.process import prepare_process
+
+if __name__ == "__main__":  # before torch loads OpenMP
+    prepare_process()
+
 import json
 import math
 import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import imageio.v3 as iio
@@ -32,12 +37,11 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from pola_gnt.core.errors import UserError, check_bool
+from pola_gnt.core.errors import UserError
 from pola_gnt.core.files import staged_folder
 from pola_gnt.data.capture import is_video, prepare_capture
 from pola_gnt.data.colmap import (
     EXHAUSTIVE_MAX_IMAGES,
-    SfmOptions,
     camera_to_world,
     common_pinhole,
     import_pycolmap,
@@ -48,9 +52,10 @@ from pola_gnt.data.colmap import (
     view_bounds,
 )
 from pola_gnt.data.images import downsample_folder, image_folder_name, read_image
+from pola_gnt.data.settings import ProcessDataSettings
 from pola_gnt.geometry.cameras import opencv_to_llff
-from pola_gnt.runs.hydra_app import entry_point
-from pola_gnt.runs.settings import CaptureOptions, ProcessDataSettings
+from pola_gnt.runs.config.app import entry_point
+from pola_gnt.runs.config.read import read_process_data_settings
 
 MIN_IMAGES = 3
 DOWNSAMPLED_FACTORS = (4, 8)
@@ -58,38 +63,16 @@ SUMMARY_FILE = "process_data.json"
 QUICK_FACTOR, QUICK_WIDTH = 8, 504  # conf/experiment/quick.yaml reads images_8/ of LLFF's 4032 px photos
 
 
-def process_data(
-    source: str | Path,
-    out: str | Path,
-    *,
-    frames: int = 100,
-    camera: str = "single",
-    camera_model: str = "SIMPLE_RADIAL",
-    matching: str = "auto",
-    max_image_size: int = 3200,
-    max_features: int = 8192,
-    min_registered: float = 0.5,
-    overwrite: bool = False,
-    threads: int = -1,
-    seed: int = 0,
-    deterministic: bool = True,
-    progress: bool = True,
-) -> dict:
+def process_data(settings: ProcessDataSettings) -> dict:
     """Capture -> LLFF scene folder `out`; -> the summary written to `process_data.json`."""
     started = time.time()
-    source, out = Path(source).expanduser(), Path(out).expanduser()
-    CaptureOptions.check(
-        frames=frames,
-        camera=camera,
-        camera_model=camera_model,
-        matching=matching,
-        max_image_size=max_image_size,
-        max_features=max_features,
-        min_registered=min_registered,
-        deterministic=deterministic,
+    source, out = Path(settings.input).expanduser(), Path(settings.out).expanduser()
+    frames, min_registered, overwrite, progress = (
+        settings.frames,
+        settings.min_registered,
+        settings.overwrite,
+        settings.progress,
     )
-    for key, value in (("overwrite", overwrite), ("progress", progress)):
-        check_bool(value, key)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not overwrite:
         raise UserError(f"out: {out} already exists; choose a new folder or add overwrite=true")
     if not source.exists():
@@ -117,18 +100,10 @@ def process_data(
                 f"input: {source} gives {len(names)} image(s); structure from motion needs at "
                 f"least {MIN_IMAGES} overlapping views (LLFF captures have 20-60)"
             )
+        matching = settings.matching
         if matching == "auto":
             matching = "sequential" if video or len(names) > EXHAUSTIVE_MAX_IMAGES else "exhaustive"
-        options = SfmOptions(
-            camera=camera,
-            camera_model=camera_model,
-            matching=matching,
-            max_image_size=max_image_size,
-            max_features=max_features,
-            threads=threads,
-            seed=seed,
-            deterministic=deterministic,
-        )
+        options = replace(settings, matching=matching)
         stage = time.time()
         result = run_sfm(work / "input", work, len(names), options, say, bar)
         timings["sfm_s"] = time.time() - stage
@@ -169,12 +144,12 @@ def process_data(
             "mean_reprojection_error_px": float(model.compute_mean_reprojection_error()),
             "mean_track_length": float(model.compute_mean_track_length()),
             "mean_observations_per_image": float(model.compute_mean_observations_per_reg_image()),
-            "camera": camera,
-            "camera_model": camera_model,
+            "camera": settings.camera,
+            "camera_model": settings.camera_model,
             "camera_params": [float(p) for p in camera_info.params],
             "matching": matching,
-            "max_features": max_features,
-            "deterministic": deterministic,
+            "max_features": settings.max_features,
+            "deterministic": settings.deterministic,
             "mapping_attempts": [asdict(attempt) for attempt in result.attempts],
             "resolution": [height, width],
             "focal_px": focal,
@@ -259,7 +234,7 @@ def undistort_to_pinhole(
     return torch.cat(bands).round().clamp(0, 255).to(torch.uint8).numpy()
 
 
-def _too_few_message(registered: int, given: int, needed: int, options: SfmOptions) -> str:
+def _too_few_message(registered: int, given: int, needed: int, options: ProcessDataSettings) -> str:
     tips = [
         "more overlap between neighbouring shots (LLFF-style: step sideways, keep the scene in view)",
         "sharper images",
@@ -276,16 +251,10 @@ def _too_few_message(registered: int, given: int, needed: int, options: SfmOptio
 
 @entry_point(config_name="process_data")
 def main(cfg: DictConfig) -> None:
-    settings = ProcessDataSettings.from_config(cfg)
-    process_data(
-        settings.input,
-        settings.out,
-        **asdict(settings.options),
-        overwrite=settings.overwrite,
-        threads=settings.threads,
-        seed=settings.seed,
-        progress=settings.progress if sys.stderr is not None else False,
-    )
+    settings = read_process_data_settings(cfg)
+    if sys.stderr is None:  # no terminal to show progress on
+        settings = replace(settings, progress=False)
+    process_data(settings)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,13 @@ settings come from the checkpoint exactly as for `pola_gnt.eval`; the `video` se
 
 from __future__ import annotations
 
+from pola_gnt.runs.process import prepare_process
+
+if __name__ == "__main__":  # before torch loads OpenMP
+    prepare_process()
+
 import contextlib
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import imageio_ffmpeg
@@ -34,9 +39,12 @@ from pola_gnt.evaluation.scoring import colorize_depth
 from pola_gnt.geometry.camera_paths import interpolate_path, spiral_path
 from pola_gnt.model.gnt import GNT, SourceViews
 from pola_gnt.model.renderer import RenderedImage, render_image
-from pola_gnt.runs.hydra_app import announce, entry_point
+from pola_gnt.model.sampler import DepthSampler
+from pola_gnt.runs.config.app import announce, entry_point, task_overrides
+from pola_gnt.runs.config.read import read_run_settings
+from pola_gnt.runs.config.stored import TrainedRunConfig, trained_run_config
 from pola_gnt.runs.settings import VideoSettings
-from pola_gnt.runs.trained_runs import load_trained_checkpoint, task_overrides
+from pola_gnt.runs.trained_runs import load_trained_checkpoint
 
 RGB_VIDEO = "video_rgb.mp4"
 DEPTH_VIDEO = "video_depth.mp4"
@@ -106,7 +114,7 @@ def render_frames(
     scene: Scene,
     poses: Tensor,
     num_source_views: int,
-    n_samples: int,
+    sampler: DepthSampler,
     chunk_rays: int,
     fabric: Fabric,
     resolution: tuple[int, int] | None = None,
@@ -121,7 +129,7 @@ def render_frames(
         with fabric.autocast():
             sources = encoded(frame_source_views(scene, c2w, num_source_views))
             rendered = render_image(
-                net, c2w.to(fabric.device), intrinsics, height, width, sources, scene.depth_range, n_samples, chunk_rays
+                net, c2w.to(fabric.device), intrinsics, height, width, sources, scene.depth_range, sampler, chunk_rays
             )
         yield rendered
 
@@ -194,12 +202,12 @@ def write_videos(
     return rgb_path, depth_path
 
 
-def render_video(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> tuple[Path, Path]:
-    """Render the configured fly-through of the checkpoint `cfg.ckpt_path`; return the two mp4 paths.
-    `overrides`: the command line's keys, applied to the checkpoint's config as in `pola_gnt.eval`."""
-    settings = VideoSettings.from_config(cfg.video)
-    trained = load_trained_checkpoint(cfg, run_dir, overrides)
-    config = trained.config
+def render_video(run: TrainedRunConfig, run_dir: Path) -> tuple[Path, Path]:
+    """Render the configured fly-through (`video`, the command line's) of the checkpoint; return the
+    two mp4 paths."""
+    trained = load_trained_checkpoint(run)
+    config = trained.settings
+    settings = config.video
     scene = load_scene(config.scene, config.data)
     poses = scene_camera_path(scene, settings)
     # Accelerator and precision as the Trainer would use them (the command line's trainer section).
@@ -218,7 +226,7 @@ def render_video(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> tu
         scene,
         poses,
         config.data.num_source_views,
-        config.render.n_samples,
+        trained.system.sampler,
         config.render.chunk_rays,
         fabric,
         (height, width),
@@ -234,8 +242,9 @@ def render_video(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> tu
 
 @entry_point
 def main(cfg: DictConfig) -> None:
-    announce(cfg, with_experiment=False)
-    render_video(cfg, Path(HydraConfig.get().runtime.output_dir), task_overrides())
+    announce(read_run_settings(cfg).trainer, with_experiment=False)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    render_video(trained_run_config(cfg, run_dir, task_overrides()), run_dir)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch 
 from pola_gnt.attention import cpu_kernels
 from pola_gnt.core.errors import UserError, exit_on_user_error
 from pola_gnt.geometry.rays import Rays, pixel_rays
-from pola_gnt.geometry.samples import sample_depths
+from pola_gnt.model.sampler import sample_depths
 from pola_gnt.model import GNT, SourceViews
 from pola_gnt.runs.process import configure_cpu_allocator
 

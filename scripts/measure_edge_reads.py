@@ -34,7 +34,7 @@ from hydra import compose, initialize_config_dir
 from pola_gnt.data.datamodule import eval_source_ids
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays, points_along_rays
-from pola_gnt.geometry.samples import sample_depths
+from pola_gnt.model.sampler import sample_depths
 from pola_gnt.model.gnt import SourceViews, gather_source_samples
 from pola_gnt.runs.hydra_app import CONFIG_DIR
 

@@ -18,9 +18,8 @@ os.environ["POLA_GNT_CHECK_SHAPES"] = "1"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
-from helpers import run_module  # noqa: E402, F401  (re-exported: `from conftest import run_module`)
+from helpers import TINY_OVERRIDES, run_module  # noqa: E402
 
-import pola_gnt  # noqa: E402, F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
 from pola_gnt.core.paths import DEMO_ENV, PROJECT_ROOT  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -82,23 +81,6 @@ def lpips_alex_weights(shared_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def lpips_calibration_dir(shared_dir: Path) -> Path:
     return _require(shared_dir / "lpips" / "calibration")
-
-
-# A tiny, fast configuration of the full pipeline (demo scene at 126x94, narrow model), for tests
-# that need a trained run or checkpoint. Keep in one place so every test trains the same way.
-TINY_OVERRIDES = [
-    "data.factor=32",
-    "data.rays_per_step=64",
-    "data.val_rays=256",
-    "data.num_source_views=3",
-    "render.n_samples=8",
-    "render.chunk_rays=4096",
-    "model.net.width=16",
-    "model.net.heads=2",
-    "model.net.n_blocks=2",
-    "model.net.encoder.stage_channels=[8,8,8]",
-    "trainer.log_every_n_steps=1",
-]
 
 
 @pytest.fixture(scope="session")

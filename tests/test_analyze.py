@@ -8,7 +8,7 @@ import math
 import imageio.v3 as iio
 import pytest
 import torch
-from conftest import TINY_OVERRIDES
+from helpers import TINY_OVERRIDES
 from helpers import assert_one_error_line, run_in_process, run_module
 from omegaconf import OmegaConf
 

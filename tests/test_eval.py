@@ -9,7 +9,7 @@ from pathlib import Path
 import imageio.v3 as iio
 import pytest
 import torch
-from conftest import TINY_OVERRIDES
+from helpers import TINY_OVERRIDES
 from helpers import assert_one_error_line, run_in_process, run_module
 from hydra import compose, initialize_config_dir
 

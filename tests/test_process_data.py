@@ -16,7 +16,7 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 import torch
-from helpers import run_in_process, run_module
+from helpers import process_data_settings, run_in_process, run_module
 from PIL import Image, ImageFilter
 
 from pola_gnt.core.errors import UserError
@@ -42,7 +42,7 @@ def _no_progress(iterable=None, **kwargs):
 
 
 def _process(source: Path, out: Path, **options) -> dict:
-    return process_data(source, out, progress=False, threads=2, **options)
+    return process_data(process_data_settings(input=str(source), out=str(out), progress=False, threads=2, **options))
 
 
 def _round_trip_errors(scene: Path, reference: Path, rows: list[int] | None = None):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_OVERRIDES
+from helpers import TINY_OVERRIDES
 from helpers import assert_one_error_line
 from hydra import compose, initialize_config_dir
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import TINY_OVERRIDES
+from helpers import TINY_OVERRIDES
 from helpers import assert_one_error_line, run_in_process
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf

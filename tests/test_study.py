@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from conftest import TINY_OVERRIDES
+from helpers import TINY_OVERRIDES
 from helpers import run_in_process, run_module
 from omegaconf import OmegaConf
 

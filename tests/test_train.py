@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TINY_OVERRIDES
+from helpers import TINY_OVERRIDES
 from helpers import assert_one_error_line, run_in_process, run_module
 from hydra import compose, initialize_config_dir
 from lightning_fabric.utilities.apply_func import move_data_to_device

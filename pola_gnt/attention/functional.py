@@ -18,7 +18,8 @@ Two association orders compute the same function:
   long sequences in chunks so that no `[..., N, 2d]` feature tensor is ever held whole.
 
 Numerics (fp32 or fp64 with autocast off, `EXPONENT_CLAMP`, `EPSILON`) and the feature maps: `features`.
-The fp64 reference that every form is tested against: `reference`.
+The fp64 reference that every form is tested against: `reference`. Which form runs, the fused kernels
+on CUDA (`triton_kernel`, `triton_ray`) and the CPU (`cpu_kernels`) or the PyTorch forms: `dispatch`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from pola_gnt.attention import cpu_kernels, gpu_kernels
+from pola_gnt.attention.dispatch import Kernel, dispatch
 from pola_gnt.attention.features import (
     EPSILON,
     EXPONENT_CLAMP,
@@ -402,9 +404,19 @@ def polarity_attention(
     """
     check_attention_shapes(q, k, v, key_mask)
     resolved = resolve_form(form, q.shape[-2], k.shape[-2], q.shape[-1])
-    if resolved == "linear" and q.is_cuda and (kernel := gpu_kernels.linear_attention(q)) is not None:
-        return kernel(q, k, v, temp_same, temp_opp, key_mask)
+    return dispatch(
+        (q, k, v, temp_same, temp_opp),
+        triton=lambda kernel: kernel(q, k, v, temp_same, temp_opp, key_mask),
+        triton_lookup=lambda: gpu_kernels.linear_attention(q),
+        pytorch=lambda: _polarity_attention_pytorch(q, k, v, temp_same, temp_opp, key_mask, resolved),
+        fused=resolved == "linear",  # the one fused kernel (Triton) computes the linear form
+    )
 
+
+def _polarity_attention_pytorch(
+    q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor, key_mask: Tensor | None, resolved: str
+) -> Tensor:
+    """`polarity_attention` in PyTorch, in the `resolved` form ("linear" or "quadratic")."""
     with compute_precision(q, k, v, temp_same, temp_opp) as (q_, k_, v_, temp_same_, temp_opp_):
         inputs = (q_, k_, v_, temp_same_, temp_opp_)
         if resolved == "linear" and k.shape[-2] <= SHORT_SEQUENCE:
@@ -436,14 +448,26 @@ def polarity_ray_attention(
     heads-split tensors; on the CPU the fused kernel (`cpu_kernels`) computes it in one pass, on CUDA
     the fused Triton kernel (`triton_ray`, rays of up to `MAX_SAMPLES` samples; it reads the input
     dtype and computes in fp32 itself)."""
-    if q.is_cuda and (kernel := gpu_kernels.ray_attention(q, heads)) is not None:
+
+    def triton(kernel: Kernel) -> Tensor:  # reads every input dtype, computes in fp32 itself
         visible = None if sample_mask is None else sample_mask.to(torch.float32)
         return kernel(q, k, v, temp_same, temp_opp, visible, heads)
-    with compute_precision(q, k, v, temp_same, temp_opp) as (q_, k_, v_, temp_same_, temp_opp_):
-        if cpu_kernels.usable(q_, q.shape[-1] // heads):
-            visible = None if sample_mask is None else sample_mask.to(q_.dtype)
-            return cpu_kernels.ray_attention(q_, k_, v_, temp_same_, temp_opp_, visible, heads).to(q.dtype)
-    q_heads, k_heads, v_heads = (x.unflatten(-1, (heads, -1)).transpose(-2, -3) for x in (q, k, v))
-    mask = None if sample_mask is None else sample_mask.unsqueeze(-2).expand(*k_heads.shape[:-1])
-    out = polarity_attention(q_heads, k_heads, v_heads, temp_same.unsqueeze(-2), temp_opp.unsqueeze(-2), mask)
-    return out.transpose(-2, -3).flatten(-2)
+
+    def cpu(q_: Tensor, k_: Tensor, v_: Tensor, temp_same_: Tensor, temp_opp_: Tensor) -> Tensor:
+        visible = None if sample_mask is None else sample_mask.to(q_.dtype)
+        return cpu_kernels.ray_attention(q_, k_, v_, temp_same_, temp_opp_, visible, heads)
+
+    def pytorch() -> Tensor:  # the heads-split form
+        q_heads, k_heads, v_heads = (x.unflatten(-1, (heads, -1)).transpose(-2, -3) for x in (q, k, v))
+        mask = None if sample_mask is None else sample_mask.unsqueeze(-2).expand(*k_heads.shape[:-1])
+        out = polarity_attention(q_heads, k_heads, v_heads, temp_same.unsqueeze(-2), temp_opp.unsqueeze(-2), mask)
+        return out.transpose(-2, -3).flatten(-2)
+
+    return dispatch(
+        (q, k, v, temp_same, temp_opp),
+        triton=triton,
+        triton_lookup=lambda: gpu_kernels.ray_attention(q, heads),
+        cpu=cpu,
+        head_dim=q.shape[-1] // heads,
+        pytorch=pytorch,
+    )

@@ -1,7 +1,9 @@
 """View (cross) and ray (self) attention modules behind one interface: pola | softmax | subtraction.
 
 Each module owns its input projections and its output projection; the transformer block around it
-(pre-LayerNorm, residual, FFN) lives in `pola_gnt.model.transformer`.
+(pre-LayerNorm, residual, FFN) lives in `pola_gnt.model.transformer`. Each class registers its kind
+(`registry`, which also says how to add one); `build_view_attention` / `build_ray_attention` build a
+kind by name.
 
     view attention:  forward(query [points, dim], view_tokens [points, views, dim],
                              rel_dirs [points, views, 4], view_mask bool [points, views]) -> [points, dim]
@@ -20,12 +22,16 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from pola_gnt.attention import cpu_kernels
+from pola_gnt.attention.dispatch import dispatch
 from pola_gnt.attention.functional import polarity_ray_attention
+from pola_gnt.attention.registry import (
+    RAY_ATTENTIONS,
+    VIEW_ATTENTIONS,
+    lookup,
+    register_ray_attention,
+    register_view_attention,
+)
 from pola_gnt.attention.view_functional import polarity_view_attention
-
-VIEW_ATTENTION_KINDS = ("pola", "softmax", "subtraction")
-RAY_ATTENTION_KINDS = ("pola", "softmax")
-
 
 # --------------------------------------------------------------------------------------------------
 # Shared pieces
@@ -168,6 +174,7 @@ class PolaAttentionBase(nn.Module):
 # View (cross) attention: one query per point, one key/value per source view
 
 
+@register_view_attention("pola")
 class PolaViewAttention(PolaAttentionBase):
     """Polarity-aware cross-attention from the point token to its views (no LePE: views are a set)."""
 
@@ -200,6 +207,7 @@ class PolaViewAttention(PolaAttentionBase):
         return polarity_view_attention(q.squeeze(-2), k, v, temp_same, temp_opp, key_mask).unsqueeze(-2)
 
 
+@register_view_attention("softmax")
 class SoftmaxViewAttention(nn.Module):
     """Multi-head dot-product cross-attention over views, relative-direction embedding on k and v."""
 
@@ -226,6 +234,7 @@ class SoftmaxViewAttention(nn.Module):
         return self.proj(attended)
 
 
+@register_view_attention("subtraction")
 class SubtractionViewAttention(nn.Module):
     """GNT's original view attention: per-channel *subtraction* vector attention over views.
 
@@ -269,6 +278,7 @@ class SubtractionViewAttention(nn.Module):
 # Ray (self) attention: the samples along one ray
 
 
+@register_ray_attention("pola")
 class PolaRayAttention(PolaAttentionBase):
     """Polarity-aware self-attention over the samples of a ray, with an optional 1-D LePE."""
 
@@ -290,14 +300,21 @@ class PolaRayAttention(PolaAttentionBase):
 
     def _add_lepe(self, attended: Tensor, v: Tensor, sample_mask: Tensor | None) -> Tensor:
         """`attended + lepe(v)`, masked samples' values zeroed; both `[rays, samples, dim]`."""
-        assert self.lepe is not None
-        if v.dtype == attended.dtype and cpu_kernels.usable(v):
+        lepe = self.lepe
+        assert lepe is not None
+
+        def cpu(v: Tensor, attended: Tensor) -> Tensor:
             visible = None if sample_mask is None else sample_mask.to(v.dtype)
-            weight = self.lepe.weight[:, 0, :].t()  # [kernel, dim]
-            return cpu_kernels.samples_conv(v, weight, self.lepe.bias, visible, attended)
-        if sample_mask is not None:
-            v = v * sample_mask.unsqueeze(-1).to(v.dtype)
-        return attended + depthwise_conv_along_samples(v, self.lepe)
+            weight = lepe.weight[:, 0, :].t()  # [kernel, dim]
+            return cpu_kernels.samples_conv(v, weight, lepe.bias, visible, attended)
+
+        def pytorch() -> Tensor:
+            masked = v if sample_mask is None else v * sample_mask.unsqueeze(-1).to(v.dtype)
+            return attended + depthwise_conv_along_samples(masked, lepe)
+
+        # The C++ kernel writes `attended + conv(v)` in one dtype and takes fp32/fp64 `v` as it is
+        # (no compute-precision cast: half-precision `v` stays on the PyTorch form). No Triton form.
+        return dispatch((v, attended), cpu=cpu, pytorch=pytorch, fused=v.dtype == attended.dtype, cast_for_cpu=False)
 
     def _polarity_attention(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
         """Heads back in place (views of the projection's chunks, no copies) for the ray form:
@@ -307,10 +324,12 @@ class PolaRayAttention(PolaAttentionBase):
         return split_heads(polarity_ray_attention(q, k, v, temp_same, temp_opp, key_mask, self.heads), self.heads)
 
 
+@register_ray_attention("softmax")
 class SoftmaxRayAttention(nn.Module):
-    """GNT's original ray attention: multi-head dot-product softmax self-attention over samples."""
+    """GNT's original ray attention: multi-head dot-product softmax self-attention over samples.
+    It has no LePE; `lepe` is accepted for a uniform constructor only."""
 
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, dim: int, heads: int, lepe: bool = True):
         super().__init__()
         _check_heads(dim, heads)
         self.heads = heads
@@ -328,21 +347,17 @@ class SoftmaxRayAttention(nn.Module):
 # Factories
 
 
+VIEW_ATTENTION_KINDS = tuple(VIEW_ATTENTIONS)  # ("pola", "softmax", "subtraction")
+RAY_ATTENTION_KINDS = tuple(RAY_ATTENTIONS)  # ("pola", "softmax")
+
+
 def build_view_attention(kind: str, dim: int, heads: int) -> nn.Module:
-    """View (cross) attention of the given kind: "pola", "softmax" or "subtraction"."""
-    if kind == "pola":
-        return PolaViewAttention(dim, heads)
-    if kind == "softmax":
-        return SoftmaxViewAttention(dim, heads)
-    if kind == "subtraction":
-        return SubtractionViewAttention(dim, heads)
-    raise ValueError(f"unknown view attention kind {kind!r}; choose one of {', '.join(VIEW_ATTENTION_KINDS)}")
+    """View (cross) attention of a registered kind (`registry.VIEW_ATTENTIONS`): "pola", "softmax" or
+    "subtraction"."""
+    return lookup(VIEW_ATTENTIONS, "view", kind)(dim, heads)
 
 
 def build_ray_attention(kind: str, dim: int, heads: int, lepe: bool = True) -> nn.Module:
-    """Ray (self) attention of the given kind: "pola" or "softmax" (`lepe` applies to pola only)."""
-    if kind == "pola":
-        return PolaRayAttention(dim, heads, lepe=lepe)
-    if kind == "softmax":
-        return SoftmaxRayAttention(dim, heads)
-    raise ValueError(f"unknown ray attention kind {kind!r}; choose one of {', '.join(RAY_ATTENTION_KINDS)}")
+    """Ray (self) attention of a registered kind (`registry.RAY_ATTENTIONS`): "pola" or "softmax"
+    (`lepe` applies to pola only)."""
+    return lookup(RAY_ATTENTIONS, "ray", kind)(dim, heads, lepe)

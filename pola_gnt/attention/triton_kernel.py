@@ -22,18 +22,12 @@ Kernels (all accumulate in fp32 whatever the input dtype; features are never wri
 - backward `_query_grad_kernel`    grid (b, query block): `dq` and per-block temperature grads;
 - backward `_key_grad_kernel`      grid (b, key block): `dk`, `dv`.
 Partial sums over splits/blocks are reduced with `torch.sum` (deterministic, no atomics).
-
-On CPU the kernels run in Triton's interpreter when `TRITON_INTERPRET=1` is set before triton is
-first imported (Triton picks interpreter or compiler when `@triton.jit` runs, and `triton.language`'s
-own helpers such as `tl.zeros` are jit functions decorated at its import). libdevice is unavailable
-there, hence the local `_expm1`.
+Input limits, `expm1`, the launch call and the interpreter notes (`TRITON_INTERPRET=1`): `triton_common`.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
-from typing import Any, Protocol, no_type_check, runtime_checkable
+from typing import no_type_check
 
 import torch
 import triton
@@ -41,12 +35,14 @@ import triton.language as tl
 from torch import Tensor
 
 from pola_gnt.attention.features import EPSILON, EXPONENT_CLAMP, check_attention_shapes
-
-MAX_HEAD_DIM = 128
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-# Features blocks are at least 16 wide: the smallest shape `tl.dot` accepts on tensor cores.
-_MIN_BLOCK = 16
+from pola_gnt.attention.triton_common import (
+    MAX_HEAD_DIM,
+    MIN_BLOCK,
+    SUPPORTED_DTYPES,
+    expm1,
+    launch,
+    on_kernel_device,
+)
 
 
 def triton_supported(q: Tensor) -> bool:
@@ -55,24 +51,8 @@ def triton_supported(q: Tensor) -> bool:
     Needs a CUDA tensor (or `TRITON_INTERPRET=1` for the CPU interpreter), an fp32/fp16/bf16 dtype
     and an even head dim up to `MAX_HEAD_DIM`.
     """
-    on_device = q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
     head_dim = q.shape[-1]
-    return on_device and q.dtype in SUPPORTED_DTYPES and head_dim % 2 == 0 and 2 <= head_dim <= MAX_HEAD_DIM
-
-
-@triton.jit
-@no_type_check  # compiled by triton from its source; not a Python call to check
-def _expm1(z):
-    """expm1 for z >= 0 (libdevice is unavailable in the interpreter): a degree-8 Taylor
-    polynomial below 0.5 (truncation error < 1e-8 relative), where `exp(z) - 1` would lose digits."""
-    taylor = 1.0 / 5040.0 + z * (1.0 / 40320.0)  # Horner, from the z^8 / 8! term down to z
-    taylor = 1.0 / 720.0 + z * taylor
-    taylor = 1.0 / 120.0 + z * taylor
-    taylor = 1.0 / 24.0 + z * taylor
-    taylor = 1.0 / 6.0 + z * taylor
-    taylor = 0.5 + z * taylor
-    taylor = z * (1.0 + z * taylor)
-    return tl.where(z < 0.5, taylor, tl.exp(z) - 1.0)
+    return on_kernel_device(q) and q.dtype in SUPPORTED_DTYPES and head_dim % 2 == 0 and 2 <= head_dim <= MAX_HEAD_DIM
 
 
 @triton.jit
@@ -113,7 +93,7 @@ def _key_state_kernel(
         k = tl.load(k_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
         v = tl.load(v_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
         # Masked and padding keys load as 0, and expm1(0) = 0: they add nothing to either sum.
-        features = _expm1(tl.minimum(tl.maximum(sign * k, 0.0), BOUND))  # [BLOCK_N, BLOCK_D]
+        features = expm1(tl.minimum(tl.maximum(sign * k, 0.0), BOUND))  # [BLOCK_N, BLOCK_D]
         kv += tl.dot(tl.trans(features), v, input_precision=DOT_PRECISION)
         ksum += tl.sum(features, axis=0)
 
@@ -198,8 +178,8 @@ def _output_kernel(
     columns = tl.arange(0, BLOCK_H)
     for stream in tl.static_range(2):
         _, _, z_a, z_b, _, _ = _query_exponents(q, temps_ptr, batch, stream, channels, channel_ok, HEAD_DIM)
-        feat_a = _expm1(tl.minimum(z_a, BOUND))
-        feat_b = _expm1(tl.minimum(z_b, BOUND))
+        feat_a = expm1(tl.minimum(z_a, BOUND))
+        feat_b = expm1(tl.minimum(z_b, BOUND))
         kv_pos, kv_neg, ksum_pos, ksum_neg = _load_stream_state(
             kv_ptr, ksum_ptr, batch, stream, channels, channel_ok, HEAD_DIM, BLOCK_H
         )
@@ -284,8 +264,8 @@ def _query_state_grad_kernel(
             other=0.0,
         ).to(tl.float32)
         _, _, z_a, z_b, _, _ = _query_exponents(q, temps_ptr, batch, stream, channels, channel_ok, HEAD_DIM)
-        feat_a = _expm1(tl.minimum(z_a, BOUND))
-        feat_b = _expm1(tl.minimum(z_b, BOUND))
+        feat_a = expm1(tl.minimum(z_a, BOUND))
+        feat_b = expm1(tl.minimum(z_b, BOUND))
         grad_num, grad_den = _load_output_grads(
             grad_out_ptr, out_ptr, den_ptr, batch, stream, rows, row_ok, num_queries, HEAD_DIM, BLOCK_H
         )
@@ -411,7 +391,7 @@ def _key_grad_kernel(
         sign = 1.0 - 2.0 * polarity
         x = tl.maximum(sign * k, 0.0)  # masked keys load k = 0, so x = 0 and nothing flows back
         z = tl.minimum(x, BOUND)
-        features = _expm1(z)
+        features = expm1(z)
         state = batch.to(tl.int64) * 2 + polarity
         grad_kv = tl.load(grad_kv_ptr + state * HEAD_DIM * HEAD_DIM + state_offsets, mask=state_ok, other=0.0)
         grad_ksum = tl.load(grad_ksum_ptr + state * HEAD_DIM + channels, mask=channel_ok, other=0.0)
@@ -428,26 +408,13 @@ def _key_grad_kernel(
 # Launch configuration
 
 
-@runtime_checkable
-class _Kernel(Protocol):
-    """A `@triton.jit` kernel (compiled, or interpreted with `TRITON_INTERPRET=1`): `kernel[grid]` launches it."""
-
-    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., object]: ...
-
-
-def _launch(kernel: _Kernel, grid: tuple[int, ...], *args: Any, **options: Any) -> None:
-    """`kernel[grid](*args, **options)`. Triton's launcher takes launch options (`num_warps`) besides
-    the kernel's own parameters, which the type of its `__getitem__` (the kernel's) does not show."""
-    kernel[grid](*args, **options)
-
-
 class _Config:
     """Block sizes, warps and split counts for one call (head dim `d`, flattened batch `b`)."""
 
     def __init__(self, head_dim: int, batch: int, dtype: torch.dtype, device: torch.device):
         self.head_dim = head_dim
-        self.block_d = max(_MIN_BLOCK, triton.next_power_of_2(head_dim))
-        self.block_h = max(_MIN_BLOCK, triton.next_power_of_2(head_dim // 2))
+        self.block_d = max(MIN_BLOCK, triton.next_power_of_2(head_dim))
+        self.block_h = max(MIN_BLOCK, triton.next_power_of_2(head_dim // 2))
         # Wide heads hold [d, d] states in registers: fewer rows per block, more warps.
         self.block_rows = 64 if self.block_d <= 64 else 32
         self.num_warps = 4 if self.block_d <= 64 else 8
@@ -490,7 +457,7 @@ class _PolarityAttentionTriton(torch.autograd.Function):
         den = torch.empty(batch, 2, num_queries, device=q.device, dtype=torch.float32)
         if batch * num_queries > 0:
             grid = (batch, triton.cdiv(num_queries, cfg.block_rows))
-            _launch(_output_kernel, grid,
+            launch(_output_kernel, grid,
                 q, temps, kv, ksum, out, den, num_queries,
                 HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, EPS=EPSILON, BLOCK_M=cfg.block_rows,
                 BLOCK_D=cfg.block_d, BLOCK_H=cfg.block_h, DOT_PRECISION=cfg.dot_precision,
@@ -520,7 +487,7 @@ class _PolarityAttentionTriton(torch.autograd.Function):
             grad_q = torch.empty_like(q)
             grad_temps_part = torch.zeros(batch, query_blocks, 2, 2 * head_dim, device=q.device, dtype=torch.float32)
             if batch * num_queries > 0:
-                _launch(
+                launch(
                     _query_grad_kernel,
                     (batch, query_blocks),
                     q,
@@ -542,7 +509,7 @@ class _PolarityAttentionTriton(torch.autograd.Function):
             grad_kv_part = torch.zeros(batch, splits, 2, head_dim, head_dim, device=q.device, dtype=torch.float32)
             grad_ksum_part = torch.zeros(batch, splits, 2, 2, head_dim, device=q.device, dtype=torch.float32)
             if batch * num_queries > 0:
-                _launch(_query_state_grad_kernel, (batch, splits, 2),
+                launch(_query_state_grad_kernel, (batch, splits, 2),
                     q, temps, grad_out, out, den, grad_kv_part, grad_ksum_part,
                     num_queries, blocks_per_split, splits, **launch,
                 )  # fmt: skip
@@ -551,7 +518,7 @@ class _PolarityAttentionTriton(torch.autograd.Function):
             grad_k = torch.empty_like(k)
             grad_v = torch.empty_like(v)
             if batch * num_keys > 0:
-                _launch(_key_grad_kernel, (batch, triton.cdiv(num_keys, cfg.block_rows)),
+                launch(_key_grad_kernel, (batch, triton.cdiv(num_keys, cfg.block_rows)),
                     k, v, _mask_or_dummy(mask, k), grad_kv, grad_ksum, grad_k, grad_v, num_keys,
                     HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, HAS_MASK=mask is not None,
                     BLOCK_N=cfg.block_rows, BLOCK_D=cfg.block_d, DOT_PRECISION=cfg.dot_precision,
@@ -573,7 +540,7 @@ def _key_state(k: Tensor, v: Tensor, mask: Tensor | None, cfg: _Config) -> tuple
     kv_part = torch.zeros(batch, splits, 2, head_dim, head_dim, device=k.device, dtype=torch.float32)
     ksum_part = torch.zeros(batch, splits, 2, head_dim, device=k.device, dtype=torch.float32)
     if batch * num_keys > 0:
-        _launch(_key_state_kernel, (batch, splits, 2),
+        launch(_key_state_kernel, (batch, splits, 2),
             k, v, _mask_or_dummy(mask, k), kv_part, ksum_part, num_keys, blocks_per_split, splits,
             HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, HAS_MASK=mask is not None, BLOCK_N=cfg.block_rows,
             BLOCK_D=cfg.block_d, DOT_PRECISION=cfg.dot_precision, num_warps=cfg.num_warps,

@@ -32,12 +32,11 @@ statistics `kv` (4 blocks `[d, d/2]`) and `ksum` stay in fp32 registers.
 Features and sums are fp32 whatever the input dtype; no feature tensor is written to memory.
 At an exponent input of exactly `B` the slope of `F` is kept (`exp(B)`), as in every other fast path
 (`short_linear`, `triton_kernel`, the CPU kernels); only the fp64 reference's torch.clamp gives 0 there.
-Interpreter notes (`TRITON_INTERPRET=1`) and `_expm1`: `triton_kernel`.
+Input limits, `expm1`, the launch call and the interpreter notes (`TRITON_INTERPRET=1`): `triton_common`.
 """
 
 from __future__ import annotations
 
-import os
 from typing import no_type_check
 
 import torch
@@ -46,14 +45,18 @@ import triton.language as tl
 from torch import Tensor
 
 from pola_gnt.attention.features import EPSILON, EXPONENT_CLAMP
-from pola_gnt.attention.triton_kernel import MAX_HEAD_DIM, SUPPORTED_DTYPES, _expm1, _launch
+from pola_gnt.attention.triton_common import (
+    MAX_HEAD_DIM,
+    MIN_BLOCK,
+    SUPPORTED_DTYPES,
+    expm1,
+    launch,
+    on_kernel_device,
+)
 
 # Rays longer than this take `polarity_attention` (one program per (ray, head) walks the whole ray,
 # so long rays would leave the GPU with few, long programs).
 MAX_SAMPLES = 1024
-
-# Blocks are at least 16 wide: the smallest shape `tl.dot` accepts (padding lanes are masked).
-_MIN_BLOCK = 16
 
 
 def ray_triton_supported(q: Tensor, head_dim: int, samples: int) -> bool:
@@ -62,9 +65,8 @@ def ray_triton_supported(q: Tensor, head_dim: int, samples: int) -> bool:
     Needs a CUDA tensor (or `TRITON_INTERPRET=1` for the CPU interpreter), an fp32/fp16/bf16 dtype,
     an even head dim in `[2, MAX_HEAD_DIM]` and at most `MAX_SAMPLES` samples per ray.
     """
-    on_device = q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
     head_dim_ok = head_dim % 2 == 0 and 2 <= head_dim <= MAX_HEAD_DIM
-    return on_device and q.dtype in SUPPORTED_DTYPES and head_dim_ok and samples <= MAX_SAMPLES
+    return on_kernel_device(q) and q.dtype in SUPPORTED_DTYPES and head_dim_ok and samples <= MAX_SAMPLES
 
 
 # --------------------------------------------------------------------------------------------------
@@ -109,7 +111,7 @@ def _key_tile(
         vis = tl.load(vis_ptr + ray.to(tl.int64) * num_samples + rows, mask=row_ok, other=0.0).to(tl.float32)
     else:
         vis = tl.where(row_ok, 1.0, 0.0)
-    features = _expm1(tl.minimum(tl.abs(k), BOUND)) * vis[:, None]
+    features = expm1(tl.minimum(tl.abs(k), BOUND)) * vis[:, None]
     return k, features, v_lo, v_hi, vis
 
 
@@ -173,7 +175,7 @@ def _stream_forward(
     that meet `K+` and `K-`, and the stream's output `[BLOCK_S, BLOCK_H]` and denominator `[BLOCK_S]`."""
     temps = tl.where(positive, temp_pos[None, :], tl.where(negative, temp_neg[None, :], 0.0))
     exponents = temps * magnitude
-    features = _expm1(tl.minimum(exponents, BOUND))
+    features = expm1(tl.minimum(exponents, BOUND))
     coeff_pos = tl.where(meets_pos, features, 0.0)
     coeff_neg = tl.where(meets_neg, features, 0.0)
     num = tl.dot(coeff_pos, kv_pos, input_precision=DOT_PRECISION)
@@ -391,8 +393,8 @@ class _RayConfig:
     """Block sizes and warps for head dim `d` and input dtype."""
 
     def __init__(self, head_dim: int, dtype: torch.dtype):
-        self.block_d = max(_MIN_BLOCK, triton.next_power_of_2(head_dim))
-        self.block_h = max(_MIN_BLOCK, triton.next_power_of_2(head_dim // 2))
+        self.block_d = max(MIN_BLOCK, triton.next_power_of_2(head_dim))
+        self.block_h = max(MIN_BLOCK, triton.next_power_of_2(head_dim // 2))
         # The statistics and their gradients (8 blocks [d, d/2] in backward) live in registers:
         # wide heads take shorter tiles and more warps.
         self.block_s = 32 if self.block_d <= 32 else 16
@@ -424,7 +426,7 @@ class _RayAttentionTriton(torch.autograd.Function):
         cfg = _RayConfig(head_dim, q.dtype)
         out = torch.empty(rays, samples, dim, device=q.device, dtype=q.dtype)
         if rays * samples > 0:
-            _launch(_ray_forward_kernel, (rays, heads),
+            launch(_ray_forward_kernel, (rays, heads),
                 q, k, v, temps, visible if visible is not None else q, out, samples,
                 *_rows_strides(q), *_rows_strides(k), *_rows_strides(v), *_rows_strides(out),
                 **cfg.options(head_dim, visible is not None),
@@ -448,7 +450,7 @@ class _RayAttentionTriton(torch.autograd.Function):
         grad_q, grad_k, grad_v = (torch.empty(rays, samples, dim, device=q.device, dtype=q.dtype) for _ in range(3))
         grad_temps_part = torch.zeros(rays, heads, 2, 2 * head_dim, device=q.device, dtype=torch.float32)
         if rays * samples > 0:
-            _launch(_ray_backward_kernel, (rays, heads),
+            launch(_ray_backward_kernel, (rays, heads),
                 grad_out, q, k, v, temps, visible if visible is not None else q,
                 grad_q, grad_k, grad_v, grad_temps_part, samples,
                 *_rows_strides(grad_out), *_rows_strides(q), *_rows_strides(k), *_rows_strides(v),

@@ -21,12 +21,11 @@ whatever the input dtype; no `[P, views, ...]` feature tensor is ever written:
   gradients, then `dq` and the program's temperature-gradient partials, which are reduced with
   `torch.sum` (deterministic, no atomics).
 Only the inputs are saved for backward. The views are a runtime loop, so any number of them works.
-On CPU the kernels run in Triton's interpreter with `TRITON_INTERPRET=1` (see `triton_kernel`).
+On CPU the kernels run in Triton's interpreter with `TRITON_INTERPRET=1`; that and `expm1`: `triton_common`.
 """
 
 from __future__ import annotations
 
-import os
 from typing import no_type_check
 
 import torch
@@ -35,10 +34,10 @@ import triton.language as tl
 from torch import Tensor
 
 from pola_gnt.attention.features import EPSILON, EXPONENT_CLAMP
-from pola_gnt.attention.triton_kernel import _expm1, _launch
+from pola_gnt.attention.triton_common import SUPPORTED_DTYPES, expm1, launch, on_kernel_device
 
+# This kernel's own head-dim limit (the linear and ray kernels': `triton_common.MAX_HEAD_DIM`).
 MAX_HEAD_DIM = 64
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # Points x channels per program: ~1024 fp32 values per live tile (8 registers a thread at 4 warps)
 # keeps the backward's dozen live tiles in registers. The interpreter runs each program's tile ops as
@@ -54,9 +53,8 @@ def view_triton_supported(q: Tensor) -> bool:
     Needs a CUDA tensor (or `TRITON_INTERPRET=1` for the CPU interpreter), an fp32/fp16/bf16 dtype
     and an even head dim in [2, `MAX_HEAD_DIM`]. Any number of views and heads.
     """
-    on_device = q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
     head_dim = q.shape[-1]
-    return on_device and q.dtype in SUPPORTED_DTYPES and head_dim % 2 == 0 and 2 <= head_dim <= MAX_HEAD_DIM
+    return on_kernel_device(q) and q.dtype in SUPPORTED_DTYPES and head_dim % 2 == 0 and 2 <= head_dim <= MAX_HEAD_DIM
 
 
 # --------------------------------------------------------------------------------------------------
@@ -94,8 +92,8 @@ def _query_terms(
     temp_o = tl.where(positive, opp_pos[None, :], opp_neg[None, :])
     exp_s = temp_s * magnitude
     exp_o = temp_o * magnitude
-    feat_s = _expm1(tl.minimum(exp_s, BOUND))
-    feat_o = _expm1(tl.minimum(exp_o, BOUND))
+    feat_s = expm1(tl.minimum(exp_s, BOUND))
+    feat_o = expm1(tl.minimum(exp_o, BOUND))
     return q, temp_s, temp_o, exp_s, exp_o, feat_s, feat_o
 
 
@@ -126,7 +124,7 @@ def _view_terms(
     point_offsets = points.to(tl.int64)
     k_offsets = point_offsets[:, None] * k_stride_p + view * k_stride_v + head * k_stride_h + channels[None, :]
     k = tl.load(k_ptr + k_offsets, mask=tile_ok, other=0.0).to(tl.float32)
-    key = _expm1(tl.minimum(tl.abs(k), BOUND))
+    key = expm1(tl.minimum(tl.abs(k), BOUND))
     same = (k > 0.0) == positive
     if HAS_VISIBLE:
         vis_offsets = point_offsets * vis_stride_p + view * vis_stride_v
@@ -379,7 +377,7 @@ class _PolarityViewAttentionTriton(torch.autograd.Function):
         block_p, block_d = _block_sizes(head_dim, q.device)
         out = torch.empty(points, heads, head_dim, device=q.device, dtype=q.dtype)
         if points * heads > 0:
-            _launch(_view_forward_kernel, (triton.cdiv(points, block_p), heads),
+            launch(_view_forward_kernel, (triton.cdiv(points, block_p), heads),
                 q, k, v, temp_same, temp_opp, k if visible is None else visible, out, points, views, heads,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
                 v.stride(2), *_strides(visible),
@@ -402,7 +400,7 @@ class _PolarityViewAttentionTriton(torch.autograd.Function):
         grad_v = torch.empty(v.shape, device=v.device, dtype=v.dtype)
         grad_temps_part = torch.zeros(blocks, heads, 2, 2 * head_dim, device=q.device, dtype=torch.float32)
         if points * heads > 0:
-            _launch(_view_backward_kernel, (blocks, heads),
+            launch(_view_backward_kernel, (blocks, heads),
                 grad_out, q, k, v, temp_same, temp_opp, k if visible is None else visible, grad_q, grad_k, grad_v,
                 grad_temps_part, points, views, heads,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),

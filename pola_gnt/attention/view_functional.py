@@ -20,6 +20,8 @@ features in backward (GNT's subtraction attention keeps several `[points, views,
 its backward).
 Numerics as in `features`: fp32 (or fp64) with autocast off, exponent inputs clamped at
 `EXPONENT_CLAMP`, `EPSILON` on each stream's denominator. The query terms: `features.PointQueryTerms`.
+The fused kernels of the same function, `triton_view` on CUDA and `cpu_kernels` on the CPU, take over
+where they can (`dispatch`); the PyTorch form below runs elsewhere.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from pola_gnt.attention import cpu_kernels, gpu_kernels
+from pola_gnt.attention.dispatch import Kernel, dispatch
 from pola_gnt.attention.features import (
     EPSILON,
     EXPONENT_CLAMP,
@@ -202,31 +205,37 @@ def polarity_view_attention(
         raise ValueError(f"key_mask must be bool {tuple(k.shape[:-2])}, got {key_mask.dtype} {tuple(key_mask.shape)}")
     heads, d = q.shape[-2:]
     views = k.shape[-3]
+    batch = q.shape[:-2]
     temperature_shape = (heads, 2 * d)
-    # The fused kernels (GPU and CPU) take one temperature row per head.
-    per_head_temperatures = all(_broadcasts_to(t, temperature_shape) for t in (temp_same, temp_opp))
-    kernel = gpu_kernels.view_attention(q) if q.is_cuda and per_head_temperatures else None
-    if kernel is not None:
-        # The kernels read every input dtype and compute in fp32 themselves.
+
+    def flat(queries: Tensor, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The kernels' layout: points flattened, `[P, heads, d]` and `[P, keys, heads, d]`."""
+        return queries.reshape(-1, heads, d), keys.reshape(-1, views, heads, d), values.reshape(-1, views, heads, d)
+
+    def triton(kernel: Kernel) -> Tensor:  # reads every input dtype, computes in fp32 itself
         visible = None if key_mask is None else key_mask.reshape(-1, views).to(torch.float32)
-        out = kernel(
-            q.reshape(-1, heads, d),
-            k.reshape(-1, views, heads, d),
-            v.reshape(-1, views, heads, d),
-            temp_same.expand(temperature_shape),
-            temp_opp.expand(temperature_shape),
-            visible,
-        )
-        return out.reshape(q.shape)
-    with compute_precision(q, k, v, temp_same, temp_opp) as (q_, k_, v_, temp_same_, temp_opp_):
-        batch = q.shape[:-2]
-        q_ = q_.reshape(-1, *q.shape[-2:])  # [P, heads, d]
-        k_, v_ = (x.reshape(-1, views, heads, d) for x in (k_, v_))  # [P, keys, heads, d]
-        if per_head_temperatures and cpu_kernels.usable(q_, d, views=views):
-            visible = None if key_mask is None else key_mask.reshape(-1, views).to(q_.dtype)
-            temps = (temp_same_.expand(temperature_shape), temp_opp_.expand(temperature_shape))
-            out = cpu_kernels.view_attention(q_, k_, v_, *temps, visible)
-        else:
+        temps = (temp_same.expand(temperature_shape), temp_opp.expand(temperature_shape))
+        return kernel(*flat(q, k, v), *temps, visible).reshape(q.shape)
+
+    def cpu(q_: Tensor, k_: Tensor, v_: Tensor, temp_same_: Tensor, temp_opp_: Tensor) -> Tensor:
+        visible = None if key_mask is None else key_mask.reshape(-1, views).to(q_.dtype)
+        temps = (temp_same_.expand(temperature_shape), temp_opp_.expand(temperature_shape))
+        return cpu_kernels.view_attention(*flat(q_, k_, v_), *temps, visible).reshape(*batch, heads, d)
+
+    def pytorch() -> Tensor:
+        with compute_precision(q, k, v, temp_same, temp_opp) as (q_, k_, v_, temp_same_, temp_opp_):
             visible = None if key_mask is None else key_mask.reshape(-1, views, 1).to(q_.dtype)
-            out = _PolarityViewAttention.apply(q_, k_, v_, temp_same_, temp_opp_, visible)
-    return out.reshape(*batch, *q.shape[-2:]).to(q.dtype)
+            out = _PolarityViewAttention.apply(*flat(q_, k_, v_), temp_same_, temp_opp_, visible)
+        return out.reshape(*batch, heads, d).to(q.dtype)
+
+    return dispatch(
+        (q, k, v, temp_same, temp_opp),
+        triton=triton,
+        triton_lookup=lambda: gpu_kernels.view_attention(q),
+        cpu=cpu,
+        head_dim=d,
+        views=views,
+        pytorch=pytorch,
+        # The fused kernels take one temperature row per head (per-point ones: the PyTorch form).
+        fused=all(_broadcasts_to(t, temperature_shape) for t in (temp_same, temp_opp)),
+    )

@@ -28,14 +28,15 @@ class SourceBatch:
 
 @dataclass
 class RayBatch:
-    """Rays of one target view with their depth samples and colours: one training step (random
-    rays, jittered samples, random sources) or the validation rays (fixed)."""
+    """Rays of one target view with their colours: one training step (random rays, random sources)
+    or the validation rays (fixed). The model samples depths along them (`model.sampler`)."""
 
     view: int  # the target view
     rays: Rays
-    depths: Float[Tensor, "rays samples"]
+    depth_range: tuple[float, float]  # the scene's near and far sampling bounds
     rgb: Float[Tensor, "rays 3"]  # target colours
     sources: SourceBatch
+    sample_seed: int | None = None  # a training step's seed of its jittered depth samples; None: fixed samples
     step: int | None = None  # the global step a training batch belongs to
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from pola_gnt.core.errors import UserError
+from pola_gnt.data.settings import ProcessDataSettings
 
 CAMERA_MODELS = ("SIMPLE_RADIAL", "RADIAL", "SIMPLE_PINHOLE")  # one focal length: fx = fy, as LLFF
 CAMERA_MODES = ("single", "per_image")
@@ -45,18 +46,6 @@ def import_pycolmap():
 
 
 @dataclass
-class SfmOptions:
-    camera: str = "single"  # single: one camera shared by every image; per_image: one each
-    camera_model: str = "SIMPLE_RADIAL"
-    matching: str = "exhaustive"  # exhaustive | sequential (resolved from "auto" by the caller)
-    max_image_size: int = 3200  # SIFT on images downscaled to at most this size (COLMAP's default)
-    max_features: int = 8192  # SIFT features kept per image, the strongest (COLMAP's default)
-    threads: int = -1
-    seed: int = 0
-    deterministic: bool = True  # mapping on one thread: the same capture gives the same model (up to rounding)
-
-
-@dataclass
 class Attempt:
     name: str
     registered: int
@@ -69,7 +58,7 @@ class SfmResult:
     attempts: list[Attempt] = field(default_factory=list)
 
 
-def mapper_attempts(pycolmap, options: SfmOptions) -> list[tuple[str, Any, bool]]:
+def mapper_attempts(pycolmap, options: ProcessDataSettings) -> list[tuple[str, Any, bool]]:
     """(name, IncrementalPipelineOptions, refine the focal length afterwards) in the order tried."""
 
     def base():
@@ -96,9 +85,10 @@ def mapper_attempts(pycolmap, options: SfmOptions) -> list[tuple[str, Any, bool]
 
 
 def run_sfm(
-    image_dir: Path, work_dir: Path, n_images: int, options: SfmOptions, say: Callable[[str], None], progress
+    image_dir: Path, work_dir: Path, n_images: int, options: ProcessDataSettings, say: Callable[[str], None], progress
 ) -> SfmResult:
-    """Features, matching and incremental mapping of every image in `image_dir`."""
+    """Features, matching and incremental mapping of every image in `image_dir` (`options.matching`
+    resolved: exhaustive or sequential)."""
     pycolmap = import_pycolmap()
     database = work_dir / "database.db"
     device = pycolmap.Device.cpu

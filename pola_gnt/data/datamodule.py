@@ -1,7 +1,7 @@
 """Lightning data: one target view per training step with its source views and random rays.
 
-Every random choice of a training step (target view, source views, crop, rays, sample jitter)
-is a pure function of `(seed, rank, step)`, so a resumed run sees exactly the batches an
+Every random choice of a training step (target view, source views, crop, rays, and the seed of the
+model's sample jitter) is a pure function of `(seed, rank, step)`, so a resumed run sees exactly the batches an
 uninterrupted run would, and each DDP rank draws different rays.
 """
 
@@ -9,22 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from omegaconf import DictConfig
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from pola_gnt.data.batches import RayBatch, SourceBatch, ViewBatch
 from pola_gnt.data.sampling import draw_crop, scaled_ray_count
 from pola_gnt.data.scene import Scene
-from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.settings import DataSettings
 from pola_gnt.data.source_views import nearest_views, random_training_views
 from pola_gnt.geometry.rays import pixel_coordinates, pixel_rays
-from pola_gnt.geometry.samples import sample_depths
 
 
 def source_batch(scene: Scene, source_ids: list[int]) -> SourceBatch:
@@ -43,13 +40,11 @@ def eval_source_ids(scene: Scene, view: int, count: int) -> list[int]:
 
 
 class TrainSteps(Dataset[RayBatch]):
-    """Item `step`: the training batch of that global step (on this rank). `data_cfg`: the `data`
-    config section, or the checked `pola_gnt.runs.settings.DataSettings` (the same names)."""
+    """Item `step`: the training batch of that global step (on this rank)."""
 
-    def __init__(self, scene: Scene, data_cfg: Any, n_samples: int, n_steps: int, seed: int, rank: int):
+    def __init__(self, scene: Scene, data: DataSettings, n_steps: int, seed: int, rank: int):
         self.scene = scene
-        self.cfg = data_cfg
-        self.n_samples = n_samples
+        self.cfg = data
         self.n_steps = n_steps
         self.seed = seed
         self.rank = rank
@@ -75,16 +70,19 @@ class TrainSteps(Dataset[RayBatch]):
         if window is not None:
             sources, intrinsics, image = crop_views(sources, intrinsics, image, window)
         n_rays = cfg.rays_per_step
-        if getattr(cfg, "scale_rays_with_views", False):  # GNT: rays x views about constant
+        if cfg.scale_rays_with_views:  # GNT: rays x views about constant
             n_rays = scaled_ray_count(n_rays, cfg.num_source_views, len(source_ids))
         height, width = image.shape[:2]
         chosen = torch.from_numpy(rng.choice(height * width, size=min(n_rays, height * width), replace=False))
         rays = pixel_rays(scene.cameras.c2w[target], intrinsics, pixel_coordinates(chosen, width))
-        generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
-        near, far = scene.depth_range
-        depths = sample_depths(near, far, len(rays), self.n_samples, jitter=True, generator=generator)
         return RayBatch(
-            view=target, rays=rays, depths=depths, rgb=image.reshape(-1, 3)[chosen], sources=sources, step=step
+            view=target,
+            rays=rays,
+            depth_range=scene.depth_range,
+            rgb=image.reshape(-1, 3)[chosen],
+            sources=sources,
+            sample_seed=int(rng.integers(2**62)),  # drawn last: the model's depth jitter of this step
+            step=step,
         )
 
     def _crop_window(self, image_size: tuple[int, int], rng: np.random.Generator) -> tuple[int, int, int, int] | None:
@@ -95,10 +93,8 @@ class TrainSteps(Dataset[RayBatch]):
             crop_h, crop_w = (int(x) for x in cfg.crop)
             height, width = image_size
             return int(rng.integers(height - crop_h + 1)), int(rng.integers(width - crop_w + 1)), crop_h, crop_w
-        random_crop = getattr(cfg, "random_crop", None)
-        if random_crop:
-            low, high = (int(h) for h in random_crop.heights)
-            return draw_crop(rng, (low, high), int(random_crop.area), image_size)
+        if cfg.random_crop is not None:
+            return draw_crop(rng, cfg.random_crop.heights, cfg.random_crop.area, image_size)
         return None
 
 
@@ -161,21 +157,20 @@ class StepLoader(DataLoader):
 class ValidationRays(Dataset[RayBatch]):
     """A fixed random subset of the rays of the first test view (cheap, deterministic validation)."""
 
-    def __init__(self, scene: Scene, data_cfg: DictConfig, n_samples: int, seed: int):
-        self.batch = self._build(scene, data_cfg, n_samples, seed)
+    def __init__(self, scene: Scene, data: DataSettings, seed: int):
+        self.batch = self._build(scene, data, seed)
 
     @staticmethod
-    def _build(scene: Scene, cfg: DictConfig, n_samples: int, seed: int) -> RayBatch:
+    def _build(scene: Scene, cfg: DataSettings, seed: int) -> RayBatch:
         view = scene.test_ids[0] if scene.test_ids else scene.train_ids[0]
         height, width = scene.resolution
         generator = torch.Generator().manual_seed(seed)
         chosen = torch.randperm(height * width, generator=generator)[: cfg.val_rays]
         rays = pixel_rays(scene.cameras.c2w[view], scene.cameras.intrinsics[view], pixel_coordinates(chosen, width))
-        near, far = scene.depth_range
         return RayBatch(
             view=view,
             rays=rays,
-            depths=sample_depths(near, far, len(rays), n_samples, jitter=False),
+            depth_range=scene.depth_range,
             rgb=scene.images[view].reshape(-1, 3)[chosen],
             sources=source_batch(scene, eval_source_ids(scene, view, cfg.num_source_views)),
         )
@@ -210,36 +205,26 @@ class TestViews(Dataset[ViewBatch]):
 
 
 class SceneDataModule(pl.LightningDataModule):
-    def __init__(self, cfg: DictConfig, scene: Scene | None = None):
-        super().__init__()
-        self.cfg = cfg
-        self.scene = scene
+    """The loaders of one loaded scene: training steps, validation rays, test views."""
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.scene is None:
-            self.scene = load_scene(self.cfg.scene, self.cfg.data)
+    def __init__(self, scene: Scene, data: DataSettings, seed: int):
+        super().__init__()
+        self.scene = scene
+        self.data = data
+        self.seed = seed
 
     def _scene(self) -> Scene:
-        if self.scene is None:
-            raise RuntimeError("SceneDataModule: no scene before setup()")
         return self.scene
 
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
         if trainer is None:
             raise RuntimeError("SceneDataModule.train_dataloader: the training loader follows a trainer's steps")
-        dataset = TrainSteps(
-            self._scene(),
-            self.cfg.data,
-            self.cfg.render.n_samples,
-            trainer.max_steps,
-            self.cfg.seed,
-            trainer.global_rank,
-        )
+        dataset = TrainSteps(self._scene(), self.data, trainer.max_steps, self.seed, trainer.global_rank)
         return StepLoader(dataset, trainer)
 
     def val_dataloader(self) -> DataLoader:
-        dataset = ValidationRays(self._scene(), self.cfg.data, self.cfg.render.n_samples, self.cfg.seed)
+        dataset = ValidationRays(self._scene(), self.data, self.seed)
         return DataLoader(dataset, batch_size=None)
 
     def test_dataloader(self) -> DataLoader:
@@ -247,4 +232,4 @@ class SceneDataModule(pl.LightningDataModule):
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         scene = self._scene()
         views = scene.test_ids[rank::world]
-        return DataLoader(TestViews(scene, views, self.cfg.data.num_source_views), batch_size=None)
+        return DataLoader(TestViews(scene, views, self.data.num_source_views), batch_size=None)

@@ -1,4 +1,4 @@
-"""Scene lookup from config: LLFF scenes under `data.root`, or the generated demo scene."""
+"""Scene lookup from the settings: LLFF scenes under `data.root`, or the generated demo scene."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
 from torch import Tensor
 
 from pola_gnt.core.errors import UserError
@@ -14,19 +13,20 @@ from pola_gnt.core.paths import default_data_root, demo_scene_dir
 from pola_gnt.data.demo_scene import demo_depth, ensure_demo_scene
 from pola_gnt.data.llff import load_llff_scene
 from pola_gnt.data.scene import Scene
+from pola_gnt.data.settings import DataSettings, SceneSettings
 
 SCENE_KINDS = ("llff", "demo")
 # `scene.name` of `scene=llff` given neither `scene.path` nor `scene.name` (conf/scene/llff.yaml).
 MISSING_SCENE_NAME = "llff"
 
 
-def data_root(data_cfg: DictConfig) -> Path:
-    return Path(data_cfg.root).expanduser() if data_cfg.get("root") else default_data_root()
+def data_root(data: DataSettings) -> Path:
+    return Path(data.root).expanduser() if data.root else default_data_root()
 
 
-def scene_dir(scene_cfg: DictConfig, data_cfg: DictConfig) -> Path:
+def scene_dir(scene_cfg: SceneSettings, data_cfg: DataSettings) -> Path:
     """`scene.path` if given, else `data.root/scene.name` (the demo scene lives in `data/demo`)."""
-    if scene_cfg.get("path"):
+    if scene_cfg.path:
         return Path(scene_cfg.path).expanduser()
     if scene_cfg.kind == "demo":
         return demo_scene_dir()
@@ -35,21 +35,21 @@ def scene_dir(scene_cfg: DictConfig, data_cfg: DictConfig) -> Path:
     return data_root(data_cfg) / scene_cfg.name
 
 
-def load_scene(scene_cfg: DictConfig, data_cfg: DictConfig) -> Scene:
+def load_scene(scene_cfg: SceneSettings, data_cfg: DataSettings) -> Scene:
     if scene_cfg.kind not in SCENE_KINDS:
         raise UserError(f"scene.kind: unknown value {scene_cfg.kind!r}; expected one of {', '.join(SCENE_KINDS)}")
     path = scene_dir(scene_cfg, data_cfg)
     if scene_cfg.kind == "demo":
-        ensure_demo_scene(path, factor=int(data_cfg.factor))
+        ensure_demo_scene(path, factor=data_cfg.factor)
     elif not path.is_dir():
         raise UserError(
             f"{path}: scene folder not found (set data.root=DIR or $POLA_GNT_DATA to the folder holding "
             f"the LLFF scenes; see data/README.md)"
         )
-    return load_llff_scene(path, factor=int(data_cfg.factor), llffhold=int(data_cfg.llffhold), name=scene_cfg.name)
+    return load_llff_scene(path, factor=data_cfg.factor, llffhold=data_cfg.llffhold, name=scene_cfg.name)
 
 
-def exact_depth_source(scene_cfg: DictConfig, scene: Scene) -> Callable[[int], Tensor] | None:
+def exact_depth_source(scene_cfg: SceneSettings, scene: Scene) -> Callable[[int], Tensor] | None:
     """For the demo scene, `view -> [H, W]` float64 exact camera z-depth at the pixel centres, in the
     loaded (normalised) scene's units, the renderer's: the demo's own depth times `scene.scale` (the
     normalisation is a similarity: that scale, then a rigid recentring). None for other scenes."""

@@ -18,14 +18,13 @@ channels at 1/4 of the input resolution.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
 from pola_gnt.core.errors import UserError
+from pola_gnt.model.settings import EncoderSettings
 
 
 def _instance_norm(channels: int) -> nn.InstanceNorm2d:
@@ -94,24 +93,15 @@ class UpBlock(nn.Module):
 class ImageEncoder(nn.Module):
     """[views, 3, H, W] images in [0, 1] -> [views, feature_channels, ceil(H/4), ceil(W/4)] features.
 
-    `stage_channels` / `stage_blocks` default to the first three stages of ResNet-34 (about 9 M
+    GNT's `stage_channels` / `stage_blocks` are the first three stages of ResNet-34 (about 9 M
     parameters); CPU presets shrink them. The number of stages sets the depth of the U-Net; the
     output is always at the first stage's resolution (1/4).
     """
 
-    def __init__(
-        self,
-        stage_channels: Sequence[int] = (64, 128, 256),
-        stage_blocks: Sequence[int] = (3, 4, 6),
-        feature_channels: int = 32,
-    ):
+    def __init__(self, settings: EncoderSettings):
         super().__init__()
-        if len(stage_channels) != len(stage_blocks) or len(stage_channels) < 2:
-            raise ValueError(
-                f"stage_channels {tuple(stage_channels)} and stage_blocks {tuple(stage_blocks)} must have "
-                f"equal lengths of at least 2"
-            )
-        self.feature_channels = feature_channels
+        stage_channels, stage_blocks = settings.stage_channels, settings.stage_blocks
+        feature_channels = self.feature_channels = settings.feature_channels
         self.stem = nn.Sequential(
             nn.Conv2d(3, stage_channels[0], 7, stride=2, padding=3, bias=False, padding_mode="reflect"),
             _instance_norm(stage_channels[0]),

@@ -32,19 +32,17 @@ Changes from the original GNT code (its bugs, see docs):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
-from pola_gnt.attention.modules import RAY_ATTENTION_KINDS, VIEW_ATTENTION_KINDS
 from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
 from pola_gnt.geometry.rays import Rays, points_along_rays
 from pola_gnt.model.encoder import ImageEncoder
+from pola_gnt.model.settings import NetSettings
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
 
 
@@ -263,50 +261,29 @@ class PooledReadout(nn.Module):
 class GNT(nn.Module):
     """Generalizable NeRF Transformer with selectable view / ray attention (see module docstring)."""
 
-    def __init__(
-        self,
-        view_attention: str = "pola",
-        ray_attention: str = "pola",
-        width: int = 64,
-        n_blocks: int = 4,
-        heads: int = 4,
-        ffn_mult: int = 4,
-        n_freqs: int = 10,
-        ray_lepe: bool = True,
-        encoder: Mapping[str, Any] | None = None,  # ImageEncoder's options (a DictConfig from Hydra)
-        encoder_input_scale: float = 1.0,
-        readout_consistency_prior: float = 0.0,
-        readout_source_colour: bool = False,
-    ):
+    def __init__(self, settings: NetSettings):
         super().__init__()
-        # The config's values are checked (as user errors naming their keys) by `pola_gnt.runs.settings`.
-        if view_attention not in VIEW_ATTENTION_KINDS:
-            raise ValueError(f"view_attention: {view_attention!r} is not one of {VIEW_ATTENTION_KINDS}")
-        if ray_attention not in RAY_ATTENTION_KINDS:
-            raise ValueError(f"ray_attention: {ray_attention!r} is not one of {RAY_ATTENTION_KINDS}")
-        if not 0.0 < encoder_input_scale <= 1.0:
-            raise ValueError(f"encoder_input_scale: must be in (0, 1], got {encoder_input_scale}")
-        if not readout_consistency_prior >= 0.0:
-            raise ValueError(f"readout_consistency_prior: must be >= 0, got {readout_consistency_prior}")
+        self.settings = settings
+        n_freqs, width = settings.n_freqs, settings.width
         self.n_freqs = n_freqs
-        self.encoder_input_scale = encoder_input_scale
-        self.encoder = ImageEncoder(**(encoder or {}))
+        self.encoder_input_scale = settings.encoder_input_scale
+        self.encoder = ImageEncoder(settings.encoder)
         position_dim = 2 * 3 * (1 + 2 * n_freqs)  # codes of the 3D point and the unit ray direction
         self.view_token_mlp = _mlp(3 + self.encoder.feature_channels, width)
         self.blocks = nn.ModuleList(
             GNTBlock(
-                view_attention,
-                ray_attention,
+                settings.view_attention,
+                settings.ray_attention,
                 width,
-                heads,
-                ffn_mult,
+                settings.heads,
+                settings.ffn_mult,
                 position_dim,
                 fuse_position=index % 2 == 0,
-                ray_lepe=ray_lepe,
+                ray_lepe=settings.ray_lepe,
             )
-            for index in range(n_blocks)
+            for index in range(settings.n_blocks)
         )
-        self.readout = PooledReadout(width, readout_consistency_prior, readout_source_colour)
+        self.readout = PooledReadout(width, settings.readout_consistency_prior, settings.readout_source_colour)
 
     def encode(self, images: Float[Tensor, "views 3 height width"]) -> Float[Tensor, "views channels h w"]:
         """Source images `[views, 3, H, W]` in [0, 1] -> feature maps `[views, C, h, w]`."""

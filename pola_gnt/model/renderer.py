@@ -9,8 +9,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from pola_gnt.geometry.rays import Rays, pixel_grid, pixel_rays
-from pola_gnt.geometry.samples import sample_depths
 from pola_gnt.model.gnt import GNT, SourceViews
+from pola_gnt.model.sampler import DepthSampler
 
 
 @dataclass
@@ -25,15 +25,14 @@ def render_rays(
     rays: Rays,
     sources: SourceViews,
     depth_range: tuple[float, float],
-    n_samples: int,
+    sampler: DepthSampler,
     chunk_rays: int,
 ) -> tuple[Float[Tensor, "rays 3"], Float[Tensor, " rays"]]:
     """Colour `[rays, 3]` (clipped) and depth `[rays]` with deterministic samples, `chunk_rays` at a time."""
-    near, far = depth_range
     colours, depths = [], []
     for start in range(0, len(rays), chunk_rays):
         chunk = rays[start : start + chunk_rays]
-        samples = sample_depths(near, far, len(chunk), n_samples, jitter=False, device=chunk.origins.device)
+        samples = sampler(chunk, depth_range)
         output = model(chunk, samples, sources)
         colours.append(output.rgb.float().clamp(0.0, 1.0))
         depths.append(output.depth.float())
@@ -49,7 +48,7 @@ def render_image(
     width: int,
     sources: SourceViews,
     depth_range: tuple[float, float],
-    n_samples: int,
+    sampler: DepthSampler,
     chunk_rays: int,
     stride: int = 1,
 ) -> RenderedImage:
@@ -57,5 +56,5 @@ def render_image(
     rows, cols = len(range(0, height, stride)), len(range(0, width, stride))
     pixels = pixel_grid(rows, cols, device=c2w.device) * stride
     rays = pixel_rays(c2w, intrinsics, pixels)
-    rgb, depth = render_rays(model, rays, sources, depth_range, n_samples, chunk_rays)
+    rgb, depth = render_rays(model, rays, sources, depth_range, sampler, chunk_rays)
     return RenderedImage(rgb=rgb.reshape(rows, cols, 3), depth=depth.reshape(rows, cols))

@@ -18,9 +18,8 @@ import re
 from collections.abc import Mapping
 from datetime import timedelta
 
-from omegaconf import DictConfig, OmegaConf
-
 from pola_gnt.core.errors import UserError
+from pola_gnt.runs.settings import TrainerSettings
 
 MAX_TIME_KEY = "trainer.max_time"
 LIGHTNING_DURATION = re.compile(r"(\d+):(\d\d):(\d\d):(\d\d)")
@@ -33,8 +32,6 @@ def max_time_seconds(value) -> float | None:
     if value is None:
         return None
     expected = 'a number of minutes, "DD:HH:MM:SS" or {minutes: N, ...}'
-    if isinstance(value, DictConfig):
-        value = OmegaConf.to_container(value)
     if isinstance(value, bool):
         seconds = math.nan
     elif isinstance(value, (int, float)):
@@ -67,10 +64,9 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
-def budget_document(cfg: DictConfig) -> dict:
+def budget_document(trainer: TrainerSettings) -> dict:
     """`metrics.json` "budget": which limit the run was given, and a label for reports."""
-    max_steps = int(cfg.trainer.max_steps)
-    max_time = max_time_seconds(OmegaConf.select(cfg, MAX_TIME_KEY))
+    max_steps, max_time = trainer.max_steps, trainer.max_time
     if max_time is None:
         return {"kind": "steps", "label": f"{max_steps} steps", "max_steps": max_steps, "max_time_s": None}
     return {

@@ -11,8 +11,6 @@ import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import Timer
 from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 
@@ -30,37 +28,42 @@ from pola_gnt.evaluation.scoring import (
 )
 from pola_gnt.model.gnt import GNT, RayOutput, SourceViews
 from pola_gnt.model.renderer import render_image
+from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.budget import budget_document, timer_seconds_in_checkpoint, training_document
-from pola_gnt.runs.checkpoints import container_dict
+from pola_gnt.runs.config.read import read_run_settings
+from pola_gnt.runs.config.stored import completed_run_config
+from pola_gnt.runs.settings import RunSettings
 
 
 class GNTSystem(pl.LightningModule):
     """Trains and evaluates one `GNT` network. The whole run config is saved in the checkpoint."""
 
-    def __init__(self, config: dict):
+    def __init__(self, settings: RunSettings, config: dict):
+        """`settings`: the checked run config; `config`: the same config as a plain dict, stored in the
+        checkpoints (its hyper-parameters), from which `eval` and `render_video` rebuild the run."""
         super().__init__()
         self.save_hyperparameters({"config": config})
-        self.cfg: DictConfig = OmegaConf.create(config)
-        self.net: GNT = instantiate(self.cfg.model.net)
-        if self.cfg.model.get("compile", False):
+        self.settings = settings
+        self.config = config
+        self.net = GNT(settings.model.net)
+        self.sampler = DepthSampler(settings.render.n_samples)
+        if settings.model.compile:
             # In place: the parameter names, and so the checkpoints, stay those of the eager network.
             self.net.compile(dynamic=True)
         self.test_results: list[ViewResult] = []
         self.test_document: dict | None = None
-        # The test phase renders the held-out views of `scene` and writes into `output_dir` (both set
-        # by the command that tests: `train`, `eval`).
+        # The test phase renders the held-out views of `scene` and writes into `output_dir`
+        # (`prepare_test`, by the command that tests: `train`, `eval`).
         self.scene: Scene | None = None
         self.output_dir: Path | None = None
         self.checkpoint_step = 0  # global step of the loaded checkpoint (trainer.test does not restore it)
         self.checkpoint_train_time_s: float | None = None  # training wall time stored in that checkpoint
         self.checkpoint_config: dict | None = None  # the run config stored in that checkpoint
         self.test_started = 0.0
-        self.fit_timer: Timer | None = None  # the Timer of a fit in this process (set by `train`)
 
-    @classmethod
-    def from_config(cls, cfg: DictConfig) -> GNTSystem:
-        """A system for the run config `cfg` (resolved and stored in the checkpoints)."""
-        return cls(container_dict(cfg))
+    def prepare_test(self, scene: Scene, output_dir: Path) -> None:
+        """The scene whose held-out views the test phase renders, and the folder it writes into."""
+        self.scene, self.output_dir = scene, output_dir
 
     # ---- training --------------------------------------------------------------------------
 
@@ -68,7 +71,8 @@ class GNTSystem(pl.LightningModule):
         return self.net.source_views(sources.images, sources.c2w, sources.intrinsics)
 
     def render_batch(self, batch: RayBatch) -> RayOutput:
-        return self.net(batch.rays, batch.depths, self.encode_sources(batch.sources))
+        depths = self.sampler(batch.rays, batch.depth_range, batch.sample_seed)
+        return self.net(batch.rays, depths, self.encode_sources(batch.sources))
 
     def training_step(self, batch: RayBatch, batch_idx: int) -> torch.Tensor:
         output = self.render_batch(batch)
@@ -84,7 +88,7 @@ class GNTSystem(pl.LightningModule):
         self.log("val/psnr", mse_to_psnr(mse, LOGGED_MIN_MSE), prog_bar=True, sync_dist=True, batch_size=len(batch.rgb))
 
     def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
-        optim = self.cfg.optim
+        optim = self.settings.optim
         encoder_params = list(self.net.encoder.parameters())
         encoder_ids = {id(p) for p in encoder_params}
         other_params = [p for p in self.net.parameters() if id(p) not in encoder_ids]
@@ -100,43 +104,45 @@ class GNTSystem(pl.LightningModule):
         self.checkpoint_config = (checkpoint.get("hyper_parameters") or {}).get("config")
 
     def _fit_timer(self) -> Timer | None:
-        """The Timer of a fit in this process (None under eval)."""
-        timer = self.fit_timer
-        return timer if timer is not None and timer.start_time("train") is not None else None
+        """The Timer of a fit in this process (None under eval, whose trainer has none)."""
+        trainer = self._trainer
+        timers = [callback for callback in (trainer.callbacks if trainer else []) if isinstance(callback, Timer)]
+        return timers[0] if timers and timers[0].start_time("train") is not None else None
 
-    def training_summary(self, global_step: int) -> tuple[DictConfig, dict, dict]:
-        """The config training ran under, its budget and its `training` record: this process's fit
+    def training_summary(self, global_step: int) -> tuple[RunSettings, dict, dict]:
+        """The settings training ran under, its budget and its `training` record: this process's fit
         (earlier parts of a resumed run included, via the Timer's saved state), or under eval the
         loaded checkpoint's stored config and time (eval takes the machine's `trainer` settings)."""
         timer = self._fit_timer()
         if timer is None and self.checkpoint_config is not None:
-            config, seconds = OmegaConf.create(self.checkpoint_config), self.checkpoint_train_time_s
+            settings = read_run_settings(completed_run_config(self.checkpoint_config, self.config))
+            seconds = self.checkpoint_train_time_s
         else:
-            config, seconds = self.cfg, timer.time_elapsed("train") if timer is not None else None
-        budget = budget_document(config)
-        return config, budget, training_document(budget, global_step, seconds)
+            settings, seconds = self.settings, timer.time_elapsed("train") if timer is not None else None
+        budget = budget_document(settings.trainer)
+        return settings, budget, training_document(budget, global_step, seconds)
 
     # ---- testing: render every held-out view, score it, write the results --------------------
 
     def _test_scene(self) -> Scene:
         if self.scene is None:
-            raise RuntimeError("GNTSystem.scene: set the scene whose held-out views are tested before trainer.test")
+            raise RuntimeError("GNTSystem.prepare_test: set the scene whose views are tested before trainer.test")
         return self.scene
 
     def on_test_epoch_start(self) -> None:
         scene = self._test_scene()
         self.scorer = ViewScorer(
             scene,
-            build_image_metrics(self.cfg.metrics),
-            self.cfg.metrics.protocol,
-            exact_depth=exact_depth_source(self.cfg.scene, scene),
+            build_image_metrics(self.settings.metrics),
+            self.settings.metrics.protocol,
+            exact_depth=exact_depth_source(self.settings.scene, scene),
         )
         self.test_results = []
         self.test_started = time.perf_counter()
 
     def test_step(self, batch: ViewBatch, batch_idx: int) -> None:
         scene = self._test_scene()
-        stride = protocol_stride(self.cfg.metrics.protocol)
+        settings = self.settings
         height, width = scene.resolution
         rendered = render_image(
             self.net,
@@ -146,11 +152,11 @@ class GNTSystem(pl.LightningModule):
             width,
             self.encode_sources(batch.sources),
             scene.depth_range,
-            self.cfg.render.n_samples,
-            self.cfg.render.chunk_rays,
-            stride=stride,
+            self.sampler,
+            settings.render.chunk_rays,
+            stride=protocol_stride(settings.metrics.protocol),
         )
-        self.test_results.append(self.scorer(batch.view, rendered.rgb, rendered.depth, self.cfg.output.save_images))
+        self.test_results.append(self.scorer(batch.view, rendered.rgb, rendered.depth, settings.output.save_images))
 
     def on_test_epoch_end(self) -> None:
         results = self.test_results
@@ -163,29 +169,30 @@ class GNTSystem(pl.LightningModule):
         test_time_s = time.perf_counter() - self.test_started  # rendering and scoring the test views
         scene = self._test_scene()
         if self.output_dir is None:
-            raise RuntimeError("GNTSystem.output_dir: set the folder for metrics.json before trainer.test")
-        stride = protocol_stride(self.cfg.metrics.protocol)
+            raise RuntimeError("GNTSystem.prepare_test: set the folder for metrics.json before trainer.test")
+        settings = self.settings
+        stride = protocol_stride(settings.metrics.protocol)
         global_step = max(int(self.global_step), self.checkpoint_step)
-        training_config, budget, training = self.training_summary(global_step)
+        trained_under, budget, training = self.training_summary(global_step)
         height, width = scene.resolution
         header = {
-            "scene": self.cfg.scene.name,
-            "model": self.cfg.model.name,
+            "scene": settings.scene.name,
+            "model": settings.model.name,
             "split": "test",
-            "protocol": self.cfg.metrics.protocol,
-            "lpips_net": self.cfg.metrics.lpips_net,
+            "protocol": settings.metrics.protocol,
+            "lpips_net": settings.metrics.lpips_net,
             "resolution": [len(range(0, height, stride)), len(range(0, width, stride))],
             "factor": scene.factor,
             "metric_settings": self.scorer.metrics.settings,
-            "n_samples": self.cfg.render.n_samples,
-            "num_source_views": self.cfg.data.num_source_views,
+            "n_samples": settings.render.n_samples,
+            "num_source_views": settings.data.num_source_views,
             "global_step": global_step,
-            "seed": int(training_config.seed),
+            "seed": trained_under.seed,
             "budget": budget,
             "training": training,
             "test_time_s": test_time_s,
         }
         self.test_document = write_results(
-            self.output_dir, header, results, scene.depth_range, self.cfg.output.save_images
+            self.output_dir, header, results, scene.depth_range, settings.output.save_images
         )
         print(format_table(self.test_document), flush=True)

@@ -1,9 +1,28 @@
 """Test helpers: running an entry point as a user would (a child process) or in this process (its
-`main` with command-line overrides, catching `SystemExit`), and the one-`error:`-line assertion.
+`main` with command-line overrides, catching `SystemExit`), the one-`error:`-line assertion, and the
+project's config as typed settings (`compose_config`, `run_settings`, `TINY_OVERRIDES`).
 
 Import from tests as `from helpers import ...` (pytest puts `tests/` on `sys.path`).
 """
 
 from helpers.commands import CHILD_PROCESSES, CommandResult, assert_one_error_line, run_in_process, run_module
+from helpers.config import (
+    TINY_OVERRIDES,
+    compose_config,
+    net_settings,
+    process_data_settings,
+    run_settings,
+)
 
-__all__ = ["CHILD_PROCESSES", "CommandResult", "assert_one_error_line", "run_in_process", "run_module"]
+__all__ = [
+    "CHILD_PROCESSES",
+    "TINY_OVERRIDES",
+    "CommandResult",
+    "assert_one_error_line",
+    "compose_config",
+    "net_settings",
+    "process_data_settings",
+    "run_in_process",
+    "run_module",
+    "run_settings",
+]

@@ -1,10 +1,15 @@
-"""Depth samples along rays: uniform in inverse depth (disparity) between the near and far bounds."""
+"""Depth samples along rays: uniform in inverse depth (disparity) between the near and far bounds,
+drawn by the model (`DepthSampler`); the data layer yields rays only."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
+
+from pola_gnt.geometry.rays import Rays
 
 
 def sample_depths(
@@ -35,3 +40,23 @@ def sample_depths(
         fractions = lower + (upper - lower) * uniform
     disparity = near_disp * (1.0 - fractions) + far_disp * fractions
     return 1.0 / disparity
+
+
+@dataclass(frozen=True)
+class DepthSampler:
+    """The model's ray sampler: `n_samples` depths per ray in a scene's depth range. A training batch
+    carries a seed (jittered samples, drawn on the CPU from that seed so a step's samples do not
+    depend on the device or on resume); without one the samples are deterministic (validation,
+    test, videos)."""
+
+    n_samples: int
+
+    def __call__(
+        self, rays: Rays, depth_range: tuple[float, float], seed: int | None = None
+    ) -> Float[Tensor, "rays samples"]:
+        near, far = depth_range
+        device = rays.origins.device
+        if seed is None:
+            return sample_depths(near, far, len(rays), self.n_samples, jitter=False, device=device)
+        generator = torch.Generator().manual_seed(seed)
+        return sample_depths(near, far, len(rays), self.n_samples, jitter=True, generator=generator).to(device)

@@ -1,7 +1,7 @@
 """Hydra entry-point helper: every command composes the project config for the machine it runs on
 (`conf/config.yaml`, or `conf/config_gpu.yaml` when a CUDA device is present), says which device and
 preset it chose, and reports user errors as one `error:` line with exit code 2. The values
-themselves are checked in `pola_gnt.runs.settings`."""
+themselves are read and checked in `pola_gnt.runs.config`."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from pola_gnt.core.errors import exit_on_user_error
 from pola_gnt.core.paths import PROJECT_ROOT
-from pola_gnt.runs.process import configure_cpu_allocator
-from pola_gnt.runs.settings import RunSettings
+from pola_gnt.data.scenes import MISSING_SCENE_NAME
+from pola_gnt.runs.settings import TrainerSettings
 
 CONFIG_DIR = str(PROJECT_ROOT / "conf")
 CONFIG_NAME = "config"
@@ -32,13 +32,13 @@ def _folder_name(path: str | None) -> str:
     """`${folder_name:${.path}}` (conf/scene/llff.yaml): a scene's name from its folder. Without a
     path it returns a marker that `load_scene` reports in one line: resolvers must not raise, since
     Hydra resolves `hydra.run.dir` (which holds the scene name) before any entry point runs."""
-    from pola_gnt.data.scenes import MISSING_SCENE_NAME
-
     return Path(str(path)).expanduser().resolve().name if path else MISSING_SCENE_NAME
 
 
-if not OmegaConf.has_resolver("folder_name"):
-    OmegaConf.register_new_resolver("folder_name", _folder_name)
+def register_resolvers() -> None:
+    """The project's OmegaConf resolvers (called by the entry points before Hydra composes)."""
+    if not OmegaConf.has_resolver("folder_name"):
+        OmegaConf.register_new_resolver("folder_name", _folder_name)
 
 
 def default_config_name() -> str:
@@ -70,21 +70,26 @@ def entry_point(
     A `UserError` becomes one `error:` line and exit code 2."""
     if task is None:
         return lambda function: entry_point(function, config_name=config_name)
-    configure_cpu_allocator()
     wrapped = exit_on_user_error(task)
 
     @functools.wraps(task)
     def main(cfg_passthrough: DictConfig | None = None):
+        register_resolvers()  # before Hydra composes (`hydra.run.dir` holds the scene's name)
         name = config_name or default_config_name()
         return hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=name)(wrapped)(cfg_passthrough)
 
     return main
 
 
+def task_overrides() -> list[str]:
+    """What the user typed on the command line of this Hydra run (without `hydra.*` keys)."""
+    return list(HydraConfig.get().overrides.task)
+
+
 PRECISION_NAMES = {"bf16-mixed": "bf16", "16-mixed": "fp16", "32-true": "fp32", "32": "fp32", "64-true": "fp64"}
 
 
-def device_line(cfg: DictConfig, *, with_experiment: bool = True) -> str:
+def device_line(trainer: TrainerSettings, *, with_experiment: bool = True) -> str:
     """One line saying where the command runs and why, e.g. `device: cuda (bf16; auto: GPU present),
     experiment: standard (auto: GPU present)`: the trainer and the experiment are chosen for the
     machine unless the command line (or, for the trainer, the experiment) names them."""
@@ -98,7 +103,7 @@ def device_line(cfg: DictConfig, *, with_experiment: bool = True) -> str:
         choices, overrides = {}, []
     given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
     machine = "GPU present" if cuda else "no GPU"
-    accelerator = str(cfg.trainer.get("accelerator", "cpu"))
+    accelerator = trainer.accelerator
     device = "cuda" if accelerator in ("gpu", "cuda") or (accelerator == "auto" and cuda) else accelerator
     if "trainer" in given or any(key.startswith("trainer.accelerator") for key in given):
         why = "given"
@@ -106,17 +111,17 @@ def device_line(cfg: DictConfig, *, with_experiment: bool = True) -> str:
         why = f"selected by experiment={choices.get('experiment')}"
     else:
         why = f"auto: {machine}"
-    precision = str(cfg.trainer.get("precision", "32-true"))
+    precision = trainer.precision
     line = f"device: {device} ({PRECISION_NAMES.get(precision, precision)}; {why})"
     if with_experiment and "experiment" in choices:
         line += f", experiment: {choices['experiment']} ({'given' if 'experiment' in given else f'auto: {machine}'})"
     return line
 
 
-def announce(cfg: DictConfig, *, with_experiment: bool = True) -> None:
+def announce(trainer: TrainerSettings, *, with_experiment: bool = True) -> None:
     """Print `device_line` once (rank 0 of a multi-process run)."""
     if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
-        print(device_line(cfg, with_experiment=with_experiment), flush=True)
+        print(device_line(trainer, with_experiment=with_experiment), flush=True)
 
 
 class RunFolderCheck(HydraCallback):
@@ -153,15 +158,3 @@ def _read_only(folder: Path) -> bool:
         return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
     except OSError:
         return False
-
-
-def validate_config(cfg: DictConfig) -> RunSettings:
-    """Check every value of the run config before any work (`RunSettings.from_config`); return the
-    typed settings. (Checks that need the scene: `RunSettings.check_scene`.)"""
-    return RunSettings.from_config(cfg)
-
-
-def check_scene_config(cfg: DictConfig | RunSettings, scene) -> None:
-    """Checks of the config against the loaded scene (`RunSettings.check_scene`)."""
-    settings = cfg if isinstance(cfg, RunSettings) else RunSettings.from_config(cfg)
-    settings.check_scene(scene)

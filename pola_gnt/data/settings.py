@@ -1,0 +1,72 @@
+"""The data settings: which scene (`SceneSettings`), how a training step draws its views, crop and
+rays (`DataSettings`), and how `process_data` reconstructs a capture (`ProcessDataSettings`). Plain
+frozen values; their defaults live in `conf/` only, and they are read and checked from the config in
+one place (`pola_gnt.runs.config`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pola_gnt.data.sampling import crop_size, scaled_ray_count
+
+
+@dataclass(frozen=True)
+class SceneSettings:
+    name: str
+    kind: str  # a key of pola_gnt.data.scenes.SCENE_LOADERS
+    path: str | None  # the scene folder; None: data.root / name (the demo: its generated folder)
+
+
+@dataclass(frozen=True)
+class RandomCrop:
+    """GNT's training crop of a random size: height drawn from `heights` = [low, high) and made even,
+    width = area / height made even; a size that does not fit inside the image uses the whole image."""
+
+    heights: tuple[int, int]
+    area: int
+
+    def sizes(self) -> list[tuple[int, int]]:
+        """Every (height, width) the draw can give."""
+        return sorted({crop_size(height, self.area) for height in range(*self.heights)})
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    root: str | None  # folder of the scene folders; None: $POLA_GNT_DATA or data/nerf_llff_data
+    factor: int
+    llffhold: int
+    num_source_views: int
+    random_source_views: bool
+    rays_per_step: int
+    crop: tuple[int, int] | None  # fixed [height, width] training crop
+    random_crop: RandomCrop | None  # GNT's random-size training crop
+    scale_rays_with_views: bool  # GNT: rays per step x num_source_views / views drawn
+    val_rays: int
+
+    def max_rays(self) -> int:
+        """The most rays a training step can draw: more than `rays_per_step` when the rays scale with
+        the views drawn and fewer than `num_source_views` are drawn (at least 1, at most 2 fewer)."""
+        if not (self.scale_rays_with_views and self.random_source_views):
+            return self.rays_per_step
+        fewest = max(1, self.num_source_views - 2)
+        return scaled_ray_count(self.rays_per_step, self.num_source_views, fewest)
+
+
+@dataclass(frozen=True)
+class ProcessDataSettings:
+    """`python -m pola_gnt.process_data` (conf/process_data.yaml): a capture -> an LLFF scene folder."""
+
+    input: str  # a folder of photos or a video file
+    out: str  # the scene folder to write
+    frames: int  # video: frames kept, the sharpest of each stretch
+    camera: str  # single | per_image
+    camera_model: str  # COLMAP's camera model, undistorted to a pinhole camera
+    matching: str  # auto | exhaustive | sequential (`run_sfm` takes it resolved)
+    max_image_size: int  # SIFT on images downscaled to at most this size
+    max_features: int  # SIFT features kept per image
+    min_registered: float  # fewer registered images than this fraction (and than 3) is an error
+    overwrite: bool
+    threads: int  # -1: every core
+    seed: int  # COLMAP's random seed
+    deterministic: bool  # mapping on one thread: the same capture gives the same model (up to rounding)
+    progress: bool

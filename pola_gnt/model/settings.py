@@ -1,0 +1,53 @@
+"""The model's settings: the network (`NetSettings`, with its encoder's) and how rays are sampled and
+rendered (`RenderSettings`). Plain frozen values; their defaults live in `conf/` only, and they are
+read and checked from the config in one place (`pola_gnt.runs.config`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    """The ResNet-style encoder: `stage_channels` / `stage_blocks` per stage (GNT: the first three
+    stages of ResNet-34), `feature_channels` out at 1/4 resolution."""
+
+    stage_channels: tuple[int, ...]
+    stage_blocks: tuple[int, ...]
+    feature_channels: int
+
+    @property
+    def min_input_side(self) -> int:
+        """Reflect padding and InstanceNorm need 2 pixels per side at the deepest stage."""
+        return 2 ** (len(self.stage_channels) + 1) + 1
+
+
+@dataclass(frozen=True)
+class NetSettings:
+    """The GNT network (`model.net`): attention kinds, sizes, read-out options, encoder."""
+
+    view_attention: str  # a key of pola_gnt.attention's view-attention registry
+    ray_attention: str  # a key of its ray-attention registry
+    width: int
+    n_blocks: int
+    heads: int
+    ffn_mult: int
+    n_freqs: int
+    ray_lepe: bool
+    encoder_input_scale: float  # the encoder sees the sources at this fraction of their size
+    readout_consistency_prior: float
+    readout_source_colour: bool
+    encoder: EncoderSettings
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    name: str  # pola_gnt | gnt: names the run folder and refuses another model's checkpoint
+    compile: bool  # torch.compile the network in place
+    net: NetSettings
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    n_samples: int  # depth samples per ray (uniform in inverse depth)
+    chunk_rays: int  # rays per forward pass when rendering whole images

@@ -1,0 +1,372 @@
+"""The one place where the composed Hydra config becomes typed settings and is checked.
+
+`read_run_settings(cfg)` reads `conf/config.yaml`'s sections into `RunSettings`, and
+`read_process_data_settings(cfg)` `conf/process_data.yaml` into `ProcessDataSettings`. Every key is
+required: the YAML files are the one place a default lives (a key missing from a checkpoint's older
+stored config is filled from today's YAML before it gets here, `run_config_with_overrides`). A bad
+value is a `UserError` naming its full key (`model.net.width: ...`), which the entry point prints as
+one `error:` line with exit code 2; each kind of message is worded once, in `core.errors`.
+`check_scene` adds the checks that need the loaded scene.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from pola_gnt.attention import RAY_ATTENTION_KINDS, VIEW_ATTENTION_KINDS
+from pola_gnt.core.errors import UserError, check_bool, check_choice, check_int, check_number, is_int
+from pola_gnt.data.colmap import CAMERA_MODELS, CAMERA_MODES, MATCHING
+from pola_gnt.data.scene import Scene
+from pola_gnt.data.scenes import SCENE_KINDS
+from pola_gnt.data.settings import DataSettings, ProcessDataSettings, RandomCrop, SceneSettings
+from pola_gnt.evaluation.metrics import LPIPS_NETS, PROTOCOLS
+from pola_gnt.evaluation.settings import MetricsSettings, OutputSettings
+from pola_gnt.geometry.camera_paths import PATH_KINDS
+from pola_gnt.model.settings import EncoderSettings, ModelSettings, NetSettings, RenderSettings
+from pola_gnt.runs.budget import max_time_seconds
+from pola_gnt.runs.settings import (
+    AnalyzeSettings,
+    OptimSettings,
+    RunSettings,
+    TrainerSettings,
+    VideoSettings,
+)
+
+MAX_SEED = 2**32 - 1  # numpy's and Lightning's seed range
+USAGE_PROCESS_DATA = "python -m pola_gnt.process_data input=PHOTO_DIR|VIDEO out=SCENE_DIR"
+_ABSENT = object()
+
+
+class ConfigReader:
+    """Reads the keys of one config section; every error names the full dotted key."""
+
+    def __init__(self, node, prefix: str = ""):
+        self.node, self.prefix = node, prefix
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def value(self, name: str, nullable: bool = False) -> Any:
+        """The raw value (containers as plain lists / dicts); null is None when `nullable`."""
+        node = self.node
+        value = node.get(name, _ABSENT) if isinstance(node, (Mapping, DictConfig)) else _ABSENT
+        if value is _ABSENT:
+            raise UserError(f"{self.key(name)}: must be set (missing from the config)")
+        if value is None:
+            if nullable:
+                return None
+            raise UserError(f"{self.key(name)}: must be set, got null")
+        if isinstance(value, (DictConfig, ListConfig)):
+            value = OmegaConf.to_container(value, resolve=True)
+        return value
+
+    def section(self, name: str) -> ConfigReader:
+        node = self.node.get(name) if isinstance(self.node, (Mapping, DictConfig)) else None
+        if not isinstance(node, (Mapping, DictConfig)):
+            raise UserError(f"{self.key(name)}: must be a config section, got {node!r}")
+        return ConfigReader(node, self.key(name))
+
+    def int(self, name: str, minimum: int | None = 1, maximum: int | None = None, why: str = "") -> int:
+        return check_int(self.value(name), self.key(name), minimum, maximum, why)
+
+    def number(self, name: str, low=None, high=None, *, low_open=True, high_open=False, why="") -> float:
+        value = self.value(name)
+        return check_number(value, self.key(name), low, high, low_open=low_open, high_open=high_open, why=why)
+
+    def choice(self, name: str, allowed: Sequence[str]) -> str:
+        return check_choice(self.value(name), self.key(name), allowed)
+
+    def bool(self, name: str) -> bool:
+        return check_bool(self.value(name), self.key(name))
+
+    def text(self, name: str, what: str = "a string", nullable: bool = False) -> str | None:
+        value = self.value(name, nullable=nullable)
+        if value is None or isinstance(value, str):
+            return value
+        raise UserError(f"{self.key(name)}: must be {what}, got {value!r}")
+
+    def int_list(self, name: str, length: int | None = None, minimum: int = 1, what: str = "") -> tuple[int, ...]:
+        """A list of integers >= `minimum` (of `length` items when given) as a tuple."""
+        value = self.value(name)
+        if (
+            isinstance(value, (list, tuple))
+            and (length is None or len(value) == length)
+            and all(is_int(v) and v >= minimum for v in value)
+        ):
+            return tuple(int(v) for v in value)
+        raise UserError(f"{self.key(name)}: must be {what or f'a list of integers >= {minimum}'}, got {value!r}")
+
+
+# ---- conf/config.yaml -> RunSettings ------------------------------------------------------------
+
+
+def read_run_settings(cfg: DictConfig | Mapping) -> RunSettings:
+    """Check every value of the run config; one `UserError` naming the key for the first bad one."""
+    r = ConfigReader(cfg)
+    seed = r.int("seed", minimum=0, maximum=MAX_SEED)
+    ckpt_path = r.value("ckpt_path", nullable=True)
+    if ckpt_path is not None and not isinstance(ckpt_path, str):
+        raise UserError(f"ckpt_path: must be last or a checkpoint file, got {ckpt_path!r}")
+    return RunSettings(
+        seed=seed,
+        ckpt_path=ckpt_path,
+        scene=_scene(r.section("scene")),
+        data=_data(r.section("data")),
+        render=_render(r.section("render")),
+        optim=_optim(r.section("optim")),
+        metrics=_metrics(r.section("metrics")),
+        output=OutputSettings(save_images=r.section("output").bool("save_images")),
+        model=_model(r.section("model")),
+        trainer=_trainer(r.section("trainer")),
+        analyze=_analyze(r.section("analyze")),
+        video=_video(r.section("video")),
+    )
+
+
+def _scene(r: ConfigReader) -> SceneSettings:
+    return SceneSettings(
+        name=str(r.value("name")),
+        kind=r.choice("kind", SCENE_KINDS),
+        path=r.text("path", "null or a folder", nullable=True),
+    )
+
+
+def _data(r: ConfigReader) -> DataSettings:
+    crop = None
+    if r.value("crop", nullable=True) is not None:
+        height, width = r.int_list("crop", length=2, what="null or [height, width] in pixels")
+        crop = (height, width)
+    random_crop = _random_crop(r)
+    if crop is not None and random_crop is not None:
+        raise UserError(f"{r.key('random_crop')}: set together with {r.key('crop')}; choose one (null the other)")
+    return DataSettings(
+        root=r.text("root", "null or a folder", nullable=True),
+        factor=r.int("factor"),
+        llffhold=r.int("llffhold", why="every N-th view is held out for testing; 0 would leave nothing to score"),
+        num_source_views=r.int("num_source_views"),
+        random_source_views=r.bool("random_source_views"),
+        rays_per_step=r.int("rays_per_step"),
+        crop=crop,
+        random_crop=random_crop,
+        scale_rays_with_views=r.bool("scale_rays_with_views"),
+        val_rays=r.int("val_rays"),
+    )
+
+
+def _random_crop(r: ConfigReader) -> RandomCrop | None:
+    value = r.value("random_crop", nullable=True)
+    if value is None:
+        return None
+    key = r.key("random_crop")
+    expected = "null or {heights: [low, high], area: pixels} (GNT: {heights: [250, 750], area: 240000})"
+    if not isinstance(value, dict) or set(value) != {"heights", "area"}:
+        raise UserError(f"{key}: must be {expected}, got {value!r}")
+    inner = ConfigReader(value, key)
+    low, high = inner.int_list("heights", length=2, what="[low, high] crop heights in pixels, low < high")
+    if low >= high:
+        raise UserError(f"{key}.heights: must be [low, high] crop heights in pixels, low < high, got {[low, high]}")
+    return RandomCrop(heights=(low, high), area=inner.int("area"))
+
+
+def _render(r: ConfigReader) -> RenderSettings:
+    n_samples = r.int("n_samples", minimum=2, why="samples per ray")
+    return RenderSettings(n_samples=n_samples, chunk_rays=r.int("chunk_rays"))
+
+
+def _optim(r: ConfigReader) -> OptimSettings:
+    return OptimSettings(
+        lr_transformer=r.number("lr_transformer", 0),
+        lr_encoder=r.number("lr_encoder", 0),
+        decay_steps=r.int("decay_steps"),
+        decay_rate=r.number("decay_rate", 0, 1, why="1 = no decay"),
+    )
+
+
+def _metrics(r: ConfigReader) -> MetricsSettings:
+    return MetricsSettings(
+        lpips_net=r.choice("lpips_net", LPIPS_NETS),
+        lpips_weights=r.text("lpips_weights", "null or an npz file", nullable=True),
+        protocol=r.choice("protocol", PROTOCOLS),
+        quantize_8bit=r.bool("quantize_8bit"),
+    )
+
+
+def _encoder(r: ConfigReader) -> EncoderSettings:
+    channels = r.int_list("stage_channels", what="a list of positive channel counts")
+    blocks = r.int_list("stage_blocks", what="a list of positive block counts")
+    if len(channels) != len(blocks) or len(channels) < 2:
+        raise UserError(
+            f"{r.prefix}: stage_channels {list(channels)} and stage_blocks {list(blocks)} must have "
+            f"equal lengths of at least 2"
+        )
+    return EncoderSettings(stage_channels=channels, stage_blocks=blocks, feature_channels=r.int("feature_channels"))
+
+
+def _model(r: ConfigReader) -> ModelSettings:
+    net = r.section("net")
+    width, heads = net.int("width"), net.int("heads")
+    if width % (2 * heads):
+        raise UserError(f"{net.key('width')}: {width} must be divisible by 2 * {net.key('heads')} ({2 * heads})")
+    return ModelSettings(
+        name=str(r.value("name")),
+        compile=r.bool("compile"),
+        net=NetSettings(
+            view_attention=net.choice("view_attention", VIEW_ATTENTION_KINDS),
+            ray_attention=net.choice("ray_attention", RAY_ATTENTION_KINDS),
+            width=width,
+            n_blocks=net.int("n_blocks"),
+            heads=heads,
+            ffn_mult=net.int("ffn_mult"),
+            n_freqs=net.int("n_freqs", minimum=0),
+            ray_lepe=net.bool("ray_lepe"),
+            encoder_input_scale=net.number("encoder_input_scale", 0, 1),
+            readout_consistency_prior=net.number("readout_consistency_prior", 0, None, low_open=False),
+            readout_source_colour=net.bool("readout_source_colour"),
+            encoder=_encoder(net.section("encoder")),
+        ),
+    )
+
+
+def _trainer(r: ConfigReader) -> TrainerSettings:
+    max_steps = r.int("max_steps")
+    interval = r.value("val_check_interval")
+    if not (is_int(interval) and interval >= 1) and not (isinstance(interval, float) and 0 < interval <= 1):
+        raise UserError(f"{r.key('val_check_interval')}: must be a positive number of steps, got {interval!r}")
+    if is_int(interval) and interval > max_steps:
+        raise UserError(
+            f"{r.key('val_check_interval')}: {interval} is more than {r.key('max_steps')} ({max_steps}); "
+            f"validation would never run"
+        )
+    clip = r.value("gradient_clip_val", nullable=True)
+    if clip is not None:
+        clip = check_number(clip, r.key("gradient_clip_val"), 0, low_open=False, why="or null")
+    devices = r.value("devices")
+    if not ((is_int(devices) and devices >= 1) or devices == -1 or isinstance(devices, (str, list))):
+        raise UserError(f"{r.key('devices')}: must be a number of devices, -1, auto or a list, got {devices!r}")
+    every_n_epochs = r.value("check_val_every_n_epoch", nullable=True)
+    return TrainerSettings(
+        accelerator=str(r.value("accelerator")),
+        devices=devices,
+        num_nodes=r.int("num_nodes"),
+        strategy=str(r.value("strategy")),
+        precision=str(r.value("precision")),
+        max_steps=max_steps,
+        max_time=max_time_seconds(r.value("max_time", nullable=True)),
+        val_check_interval=interval,
+        check_val_every_n_epoch=None if every_n_epochs is None else r.int("check_val_every_n_epoch"),
+        log_every_n_steps=r.int("log_every_n_steps"),
+        gradient_clip_val=clip,
+        use_distributed_sampler=r.bool("use_distributed_sampler"),
+        enable_model_summary=r.bool("enable_model_summary"),
+        num_sanity_val_steps=r.int("num_sanity_val_steps", minimum=0),
+    )
+
+
+def _analyze(r: ConfigReader) -> AnalyzeSettings:
+    return AnalyzeSettings(n_rays=r.int("n_rays"), test_view=r.int("test_view", minimum=0))
+
+
+def _video(r: ConfigReader) -> VideoSettings:
+    return VideoSettings(
+        path=r.choice("path", PATH_KINDS),
+        frames=r.int("frames"),
+        fps=r.number("fps", 0),
+        rotations=r.number("rotations"),
+        z_rate=r.number("z_rate"),
+        radius_scale=r.number("radius_scale", 0),
+        closed=r.bool("closed"),
+        crf=r.int("crf", minimum=0, maximum=51, why="0 lossless, 51 worst"),
+        scale=r.number("scale", 0, 1, why="a fraction of the scene's resolution"),
+    )
+
+
+def check_scene(settings: RunSettings, scene: Scene) -> None:
+    """Checks against the loaded scene: views requested vs available, crops, ray counts, and the
+    encoder's smallest input."""
+    data = settings.data
+    n_train, n_test, n_views = len(scene.train_ids), len(scene.test_ids), len(scene.image_names)
+    if n_test == 0:
+        raise UserError(f"data.llffhold: {data.llffhold} holds out no test view of the {n_views} views")
+    if n_train < 2:
+        raise UserError(
+            f"data.llffhold: {data.llffhold} leaves {n_train} training view(s) of {n_views}; "
+            f"at least 2 are needed (a target and a source view)"
+        )
+    if data.num_source_views > n_train - 1:
+        raise UserError(
+            f"data.num_source_views: {data.num_source_views} requested but the scene has {n_train} training "
+            f"views, so at most {n_train - 1} can be sources of a training view"
+        )
+    height, width = scene.resolution
+    pixels, what, side, key = height * width, "image", min(height, width), "data.rays_per_step"
+    if data.crop is not None:
+        crop_h, crop_w = data.crop
+        if crop_h > height or crop_w > width:
+            raise UserError(f"data.crop: {crop_h}x{crop_w} is larger than the images ({height}x{width})")
+        pixels, what, side, key = crop_h * crop_w, f"{crop_h}x{crop_w} crop", min(data.crop), "data.crop"
+    elif data.random_crop is not None:
+        fitting = [(h, w) for h, w in data.random_crop.sizes() if h < height and w < width]
+        if not fitting:
+            raise UserError(
+                f"data.random_crop: none of its sizes (heights {list(data.random_crop.heights)}, area "
+                f"{data.random_crop.area}) fits inside the {height}x{width} images; set data.random_crop=null "
+                f"or smaller heights and area"
+            )
+        smallest = min(fitting, key=lambda size: size[0] * size[1])
+        pixels, what = smallest[0] * smallest[1], f"{smallest[0]}x{smallest[1]} random crop"
+        side, key = min(min(size) for size in fitting), "data.random_crop"
+    max_rays = data.max_rays()
+    if max_rays > pixels:
+        scaled = f" (up to {max_rays} with data.scale_rays_with_views)" if max_rays != data.rays_per_step else ""
+        if key == "data.rays_per_step":
+            raise UserError(
+                f"{key}: {data.rays_per_step}{scaled} is more than the {pixels} pixels of a training image"
+            )
+        raise UserError(
+            f"{key}: a {what} has {pixels} pixels, fewer than data.rays_per_step ({data.rays_per_step}{scaled})"
+        )
+    if data.val_rays > height * width:
+        raise UserError(f"data.val_rays: {data.val_rays} is more than the {height * width} pixels of a view")
+    encoder, scale = settings.model.net.encoder, settings.model.net.encoder_input_scale
+    if math.floor(side * scale) < encoder.min_input_side:
+        if key == "data.rays_per_step":
+            key = "model.net.encoder_input_scale"
+        raise UserError(
+            f"{key}: the smallest side of a training {what} ({side} pixels) at model.net.encoder_input_scale "
+            f"{scale:g} gives the encoder fewer than the {encoder.min_input_side} pixels its "
+            f"{len(encoder.stage_channels)} stages need"
+        )
+
+
+# ---- conf/process_data.yaml -> ProcessDataSettings ----------------------------------------------
+
+
+def read_process_data_settings(cfg: DictConfig | Mapping) -> ProcessDataSettings:
+    """Check every value of `python -m pola_gnt.process_data`'s config (keys as in the YAML)."""
+    r = ConfigReader(cfg)
+    paths = {}
+    for key in ("input", "out"):
+        value = r.value(key, nullable=True)
+        if not value:
+            raise UserError(f"{key}: required; usage: {USAGE_PROCESS_DATA}")
+        paths[key] = str(value)
+    return ProcessDataSettings(
+        input=paths["input"],
+        out=paths["out"],
+        frames=r.int("frames"),
+        camera=r.choice("camera", CAMERA_MODES),
+        camera_model=r.choice("camera_model", CAMERA_MODELS),
+        matching=r.choice("matching", MATCHING),
+        max_image_size=r.int("max_image_size"),
+        max_features=r.int("max_features"),
+        min_registered=r.number("min_registered", 0, 1, low_open=False, why="a fraction of the images"),
+        overwrite=r.bool("overwrite"),
+        threads=r.int("threads", minimum=-1, why="-1: every core"),
+        seed=r.int("seed", minimum=0, maximum=MAX_SEED),
+        deterministic=r.bool("deterministic"),
+        progress=r.bool("progress"),
+    )

@@ -1,0 +1,198 @@
+"""The run config stored in a checkpoint, and the config a trained checkpoint is evaluated or rendered
+with: its stored run config plus only the keys the user typed on the command line."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import Container, DictConfig, OmegaConf
+
+from pola_gnt.core.errors import UserError
+from pola_gnt.core.paths import PROJECT_ROOT
+from pola_gnt.runs.checkpoints import read_checkpoint, resolve_checkpoint, stored_config_dict
+from pola_gnt.runs.config.read import read_run_settings
+from pola_gnt.runs.settings import RunSettings
+
+# Keys of a stored config that are no settings: Hydra's `_target_` of configs from before the
+# settings objects (the network and the trainer are built from their settings now).
+IGNORED_KEYS = ("_target_",)
+_ABSENT = object()
+CONFIG_DIR = PROJECT_ROOT / "conf"
+GNT_PROTOCOL_LPIPS_NET = "vgg"  # GNT (like NeRF and IBRNet) reported LPIPS-VGG
+
+
+@dataclass
+class TrainedRunConfig:
+    """A trained checkpoint and the run it is evaluated, rendered or analysed as."""
+
+    path: Path
+    checkpoint: dict  # the whole checkpoint dictionary, on the CPU
+    settings: RunSettings  # the stored run config with the command line's explicit keys applied, checked
+    config: dict  # the same, as a plain dict (the system's hyper-parameters)
+
+
+def trained_run_config(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> TrainedRunConfig:
+    """Read the checkpoint `cfg.ckpt_path` names and build its run config from the command line's
+    `overrides` (Hydra's task overrides; `cfg` is the composed config), checked."""
+    path = resolve_checkpoint(cfg.ckpt_path, run_dir)
+    if path is None:
+        raise UserError(
+            "ckpt_path: required, the trained checkpoint to use (e.g. ckpt_path=RUN_DIR/checkpoints/last.ckpt)"
+        )
+    checkpoint = read_checkpoint(path)
+    config = run_config_with_overrides(path, stored_run_config(checkpoint, path), cfg, overrides, CONFIG_DIR)
+    _, explicit_keys = command_line_keys(overrides, CONFIG_DIR)
+    # Asking for GNT's protocol means comparing with GNT's numbers, which used LPIPS-VGG.
+    if (
+        config.metrics.protocol == "gnt"
+        and "metrics.protocol" in explicit_keys
+        and "metrics.lpips_net" not in explicit_keys
+    ):
+        config.metrics.lpips_net = GNT_PROTOCOL_LPIPS_NET
+    settings = read_run_settings(config)
+    return TrainedRunConfig(path=path, checkpoint=checkpoint, settings=settings, config=container_dict(config))
+
+
+def container_dict(node: Any, resolve: bool = True) -> dict[str, Any]:
+    """`OmegaConf.to_container` of a mapping node (a config or one of its sections): a plain dict."""
+    container = OmegaConf.to_container(node, resolve=resolve)
+    if not isinstance(container, dict):
+        raise TypeError(f"expected a config mapping, got {type(container).__name__}")
+    return {str(key): value for key, value in container.items()}
+
+
+def stored_run_config(checkpoint: dict, path: Path) -> DictConfig:
+    """The run config saved in a checkpoint dictionary by `GNTSystem` (its hyper-parameters)."""
+    return OmegaConf.create(stored_config_dict(checkpoint, path))
+
+
+def _network(node) -> dict:
+    return {k: v for k, v in container_dict(node).items() if k not in IGNORED_KEYS}
+
+
+def check_compatible(path: Path, cfg: DictConfig, stored: DictConfig) -> DictConfig:
+    """Refuse a checkpoint (config `stored`) whose model differs from `cfg.model`; return `stored`."""
+    if stored.model.name != cfg.model.name:
+        raise UserError(f"{path}: checkpoint of model {stored.model.name!r}, but model={cfg.model.name} was asked for")
+    stored_net, wanted_net = _network(stored.model.net), _network(cfg.model.net)
+    if stored_net != wanted_net:
+        differing = sorted(k for k in set(stored_net) | set(wanted_net) if stored_net.get(k) != wanted_net.get(k))
+        details = ", ".join(f"model.net.{k}={stored_net.get(k)!r} (asked {wanted_net.get(k)!r})" for k in differing)
+        raise UserError(f"{path}: checkpoint model config differs: {details}")
+    return stored
+
+
+# Sections that describe the machine and the command rather than the trained run: always taken from
+# the command line's config, so a GPU-trained checkpoint evaluates on a CPU and old checkpoints
+# render videos with today's video options.
+COMMAND_SECTIONS = ("trainer", "video", "analyze", "ckpt_path")
+
+def config_groups(config_dir: Path) -> set[str]:
+    """Hydra's config groups of the project: the folders of the config directory (scene, model, ...)."""
+    return {entry.name for entry in config_dir.iterdir() if entry.is_dir()}
+
+
+def command_line_keys(overrides: Sequence[str], config_dir: Path) -> tuple[dict[str, str], list[str]]:
+    """Split Hydra task overrides into the config groups chosen (`{"scene": "fern"}`) and the
+    dotted keys set, added or deleted (`["metrics.lpips_net", ...]`), in command-line order."""
+    groups = config_groups(config_dir)
+    chosen, keys = {}, []
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        name = override.key_or_group
+        if name in groups:
+            chosen[name] = str(override.value())
+        else:
+            keys.append(name)
+    return chosen, keys
+
+
+def option_keys(config_dir: Path, group: str, option: str) -> list[str]:
+    """The config keys that choosing `group=option` sets: the group's own section (`scene`), or for
+    an option in the global package (`experiment=quick`) each value its file sets (`data.factor`,
+    `model.net.width`, ...; lists count as one value)."""
+    file = config_dir / group / f"{option}.yaml"
+    if not file.is_file():
+        raise UserError(f"{group}={option}: cannot find {file} to tell which keys it sets")
+    if "@package _global_" not in file.read_text().split("\n", 1)[0]:
+        return [group]
+    content = container_dict(OmegaConf.load(file), resolve=False)
+    content.pop("defaults", None)
+
+    def leaves(node: dict, prefix: str) -> list[str]:
+        paths = []
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            paths += leaves(value, f"{path}.") if isinstance(value, dict) and value else [path]
+        return paths
+
+    return leaves(content, "")
+
+
+def _copy_key(source: DictConfig, target: DictConfig, key: str) -> None:
+    """Make `target[key]` what it is in `source`: set, replaced or deleted."""
+    value = OmegaConf.select(source, key, default=_ABSENT)
+    if value is _ABSENT:
+        parent_key, _, leaf = key.rpartition(".")
+        parent = OmegaConf.select(target, parent_key) if parent_key else target
+        if isinstance(parent, DictConfig) and leaf in parent:
+            del parent[leaf]
+        return
+    if isinstance(value, Container):
+        value = OmegaConf.to_container(value, resolve=True)
+    OmegaConf.update(target, key, value, merge=False, force_add=True)
+
+
+def completed_run_config(stored: DictConfig | dict, current: DictConfig | dict) -> DictConfig:
+    """A checkpoint's stored run config with the keys it lacks (added to the project after it was
+    saved) taken from `current`, today's composed config; the network is never completed from another
+    model's defaults."""
+    completion = container_dict(current if isinstance(current, DictConfig) else OmegaConf.create(current))
+    completion.pop("model", None)
+    config = OmegaConf.merge(OmegaConf.create(completion), stored)
+    if not isinstance(config, DictConfig):
+        raise TypeError(f"merging two mappings gave a {type(config).__name__}")
+    return config
+
+
+def run_config_with_overrides(
+    path: Path, stored: DictConfig, cfg: DictConfig, overrides: Sequence[str], config_dir: Path
+) -> DictConfig:
+    """The config to evaluate or render checkpoint `path` with.
+
+    Starts from the run config stored in the checkpoint (`stored`) and applies only what the user
+    gave on the command line (`overrides`, Hydra's task overrides; `cfg` is the composed config):
+    - a dotted key (`metrics.lpips_net=vgg`, `data.factor=8`, `render.chunk_rays=N`) takes `cfg`'s value;
+    - `scene=NAME` takes the composed `cfg.scene`; a global group such as `experiment=NAME` counts
+      as setting every key its file sets;
+    - `model=NAME` must name the checkpoint's model and `model.net.*` keys must equal the
+      checkpoint's: a network cannot change after training (UserError naming what differs);
+    - `trainer`, `video`, `analyze` and `ckpt_path` always come from `cfg` (`COMMAND_SECTIONS`).
+    Keys the checkpoint lacks (added to the project after it was saved) take `cfg`'s defaults.
+    """
+    chosen, keys = command_line_keys(overrides, config_dir)
+    config = completed_run_config(stored, cfg)
+    for group, option in chosen.items():
+        if group == "model":  # the network is the checkpoint's: only the model's name is compared
+            _copy_key(cfg, config, "model.name")
+        elif group not in COMMAND_SECTIONS:
+            for key in option_keys(config_dir, group, option):
+                _copy_key(cfg, config, key)
+    for key in keys:
+        _copy_key(cfg, config, key)
+    for section in COMMAND_SECTIONS:
+        _copy_key(cfg, config, section)
+    check_compatible(path, config, stored)
+    return config
+
+
+def checkpoint_to_resume(cfg: DictConfig, run_dir: Path) -> Path | None:
+    """The checkpoint `ckpt_path` names for training to resume from (None: start fresh), refused
+    when it holds another model than `cfg`'s."""
+    path = resolve_checkpoint(cfg.ckpt_path, run_dir)
+    if path is not None:
+        check_compatible(path, cfg, stored_run_config(read_checkpoint(path), path))
+    return path

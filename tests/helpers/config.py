@@ -1,0 +1,58 @@
+"""The project's config in tests: composed from `conf/` as a command composes it, and read into the
+typed settings by `pola_gnt.runs.config`; the tiny pipeline every training test uses."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+
+from pola_gnt.core.paths import PROJECT_ROOT
+from pola_gnt.data.settings import ProcessDataSettings
+from pola_gnt.model.settings import NetSettings
+from pola_gnt.runs.config.app import register_resolvers
+from pola_gnt.runs.config.read import read_process_data_settings, read_run_settings
+from pola_gnt.runs.settings import RunSettings
+
+CONFIG_DIR = str(PROJECT_ROOT / "conf")
+
+# A tiny, fast configuration of the full pipeline (demo scene at 126x94, narrow model), for tests
+# that need a trained run or checkpoint. Keep in one place so every test trains the same way.
+TINY_OVERRIDES = [
+    "data.factor=32",
+    "data.rays_per_step=64",
+    "data.val_rays=256",
+    "data.num_source_views=3",
+    "render.n_samples=8",
+    "render.chunk_rays=4096",
+    "model.net.width=16",
+    "model.net.heads=2",
+    "model.net.n_blocks=2",
+    "model.net.encoder.stage_channels=[8,8,8]",
+    "trainer.log_every_n_steps=1",
+]
+
+
+def compose_config(*overrides: str, config_name: str = "config") -> DictConfig:
+    """`conf/<config_name>.yaml` with these command-line overrides, as Hydra composes it for a command."""
+    register_resolvers()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+def run_settings(*overrides: str) -> RunSettings:
+    """The checked settings of `conf/config.yaml` (the CPU defaults) with these overrides."""
+    return read_run_settings(compose_config(*overrides))
+
+
+def net_settings(*overrides: str, **values) -> NetSettings:
+    """`model.net` of the composed config (`model=gnt` etc. as overrides), with `values` replaced."""
+    return replace(run_settings(*overrides).model.net, **values)
+
+
+def process_data_settings(**values) -> ProcessDataSettings:
+    """`conf/process_data.yaml`'s settings with `values` set (`input` and `out` at least)."""
+    config = OmegaConf.load(PROJECT_ROOT / "conf" / "process_data.yaml")
+    config.merge_with(values)
+    return read_process_data_settings(config)
