@@ -1,6 +1,6 @@
 """Polarity-aware attention with learnable channel-wise spiky feature maps (PolaFormer++ PaCS).
 
-Math (see `docs/pola_attention.md` in the shared design notes), per head with head dim `d`:
+Math (`docs/pola_attention.md`), per head with head dim `d`:
 
     [q+, q-] = [relu(q), relu(-q)]                       (likewise for k)
     Qs = expm1(temp_same * [q+, q-])                     same-sign query features   [..., Nq, 2d]

@@ -1,4 +1,4 @@
-"""The fp64 reference of polarity-aware attention, written out as the math (docs: pola_attention.md).
+"""The fp64 reference of polarity-aware attention, written out as the math (docs/pola_attention.md).
 
 Every fast path (the quadratic and linear forms in `functional` and `short_linear`, the view form,
 the Triton kernels) is tested against `polarity_attention_reference`; it shares only the constants

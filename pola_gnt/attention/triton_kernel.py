@@ -451,36 +451,36 @@ class _PolarityAttentionTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, temps: Tensor, mask: Tensor | None) -> Tensor:
         batch, num_queries, head_dim = q.shape
-        cfg = _Config(head_dim, batch, q.dtype, q.device)
-        kv, ksum = _key_state(k, v, mask, cfg)
+        tiling = _Config(head_dim, batch, q.dtype, q.device)
+        kv, ksum = _key_state(k, v, mask, tiling)
         out = torch.empty_like(q)
         den = torch.empty(batch, 2, num_queries, device=q.device, dtype=torch.float32)
         if batch * num_queries > 0:
-            grid = (batch, triton.cdiv(num_queries, cfg.block_rows))
+            grid = (batch, triton.cdiv(num_queries, tiling.block_rows))
             launch(_output_kernel, grid,
                 q, temps, kv, ksum, out, den, num_queries,
-                HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, EPS=EPSILON, BLOCK_M=cfg.block_rows,
-                BLOCK_D=cfg.block_d, BLOCK_H=cfg.block_h, DOT_PRECISION=cfg.dot_precision,
-                num_warps=cfg.num_warps,
+                HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, EPS=EPSILON, BLOCK_M=tiling.block_rows,
+                BLOCK_D=tiling.block_d, BLOCK_H=tiling.block_h, DOT_PRECISION=tiling.dot_precision,
+                num_warps=tiling.num_warps,
             )  # fmt: skip
         ctx.save_for_backward(q, k, v, temps, mask, kv, ksum, out, den)
-        ctx.cfg = cfg
+        ctx.tiling = tiling
         return out
 
     @staticmethod
     def backward(ctx, *grad_outputs: Tensor):
         (grad_out,) = grad_outputs
         q, k, v, temps, mask, kv, ksum, out, den = ctx.saved_tensors
-        cfg: _Config = ctx.cfg
+        tiling: _Config = ctx.tiling
         batch, num_queries, head_dim = q.shape
         num_keys = k.shape[1]
         grad_out = grad_out.contiguous()
         need_q, need_k, need_v, need_temps, _ = ctx.needs_input_grad
         grad_q = grad_k = grad_v = grad_temps = None
-        query_blocks = triton.cdiv(num_queries, cfg.block_rows)
-        launch = dict(
-            HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, BLOCK_M=cfg.block_rows, BLOCK_D=cfg.block_d,
-            BLOCK_H=cfg.block_h, DOT_PRECISION=cfg.dot_precision, num_warps=cfg.num_warps,
+        query_blocks = triton.cdiv(num_queries, tiling.block_rows)
+        options = dict(
+            HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, BLOCK_M=tiling.block_rows, BLOCK_D=tiling.block_d,
+            BLOCK_H=tiling.block_h, DOT_PRECISION=tiling.dot_precision, num_warps=tiling.num_warps,
         )  # fmt: skip
 
         if need_q or need_temps:
@@ -500,29 +500,29 @@ class _PolarityAttentionTriton(torch.autograd.Function):
                     grad_q,
                     grad_temps_part,
                     num_queries,
-                    **launch,
+                    **options,
                 )
             grad_temps = grad_temps_part.sum(dim=1)
 
         if need_k or need_v:
-            splits, blocks_per_split = cfg.splits(query_blocks, programs_per_split=2 * batch)
+            splits, blocks_per_split = tiling.splits(query_blocks, programs_per_split=2 * batch)
             grad_kv_part = torch.zeros(batch, splits, 2, head_dim, head_dim, device=q.device, dtype=torch.float32)
             grad_ksum_part = torch.zeros(batch, splits, 2, 2, head_dim, device=q.device, dtype=torch.float32)
             if batch * num_queries > 0:
                 launch(_query_state_grad_kernel, (batch, splits, 2),
                     q, temps, grad_out, out, den, grad_kv_part, grad_ksum_part,
-                    num_queries, blocks_per_split, splits, **launch,
+                    num_queries, blocks_per_split, splits, **options,
                 )  # fmt: skip
             grad_kv = grad_kv_part.sum(dim=1)  # [b, 2 polarities, d, d]
             grad_ksum = grad_ksum_part.sum(dim=(1, 2))  # [b, 2 polarities, d]
             grad_k = torch.empty_like(k)
             grad_v = torch.empty_like(v)
             if batch * num_keys > 0:
-                launch(_key_grad_kernel, (batch, triton.cdiv(num_keys, cfg.block_rows)),
+                launch(_key_grad_kernel, (batch, triton.cdiv(num_keys, tiling.block_rows)),
                     k, v, _mask_or_dummy(mask, k), grad_kv, grad_ksum, grad_k, grad_v, num_keys,
                     HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, HAS_MASK=mask is not None,
-                    BLOCK_N=cfg.block_rows, BLOCK_D=cfg.block_d, DOT_PRECISION=cfg.dot_precision,
-                    num_warps=cfg.num_warps,
+                    BLOCK_N=tiling.block_rows, BLOCK_D=tiling.block_d, DOT_PRECISION=tiling.dot_precision,
+                    num_warps=tiling.num_warps,
                 )  # fmt: skip
 
         return grad_q, grad_k, grad_v, grad_temps, None
@@ -533,17 +533,17 @@ def _mask_or_dummy(mask: Tensor | None, like: Tensor) -> Tensor:
     return mask if mask is not None else like
 
 
-def _key_state(k: Tensor, v: Tensor, mask: Tensor | None, cfg: _Config) -> tuple[Tensor, Tensor]:
+def _key_state(k: Tensor, v: Tensor, mask: Tensor | None, tiling: _Config) -> tuple[Tensor, Tensor]:
     """`kv` `[b, 2 polarities, d, d]` and `ksum` `[b, 2 polarities, d]`, fp32, reduced over key splits."""
     batch, num_keys, head_dim = k.shape
-    splits, blocks_per_split = cfg.splits(triton.cdiv(num_keys, cfg.block_rows), programs_per_split=2 * batch)
+    splits, blocks_per_split = tiling.splits(triton.cdiv(num_keys, tiling.block_rows), programs_per_split=2 * batch)
     kv_part = torch.zeros(batch, splits, 2, head_dim, head_dim, device=k.device, dtype=torch.float32)
     ksum_part = torch.zeros(batch, splits, 2, head_dim, device=k.device, dtype=torch.float32)
     if batch * num_keys > 0:
         launch(_key_state_kernel, (batch, splits, 2),
             k, v, _mask_or_dummy(mask, k), kv_part, ksum_part, num_keys, blocks_per_split, splits,
-            HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, HAS_MASK=mask is not None, BLOCK_N=cfg.block_rows,
-            BLOCK_D=cfg.block_d, DOT_PRECISION=cfg.dot_precision, num_warps=cfg.num_warps,
+            HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, HAS_MASK=mask is not None, BLOCK_N=tiling.block_rows,
+            BLOCK_D=tiling.block_d, DOT_PRECISION=tiling.dot_precision, num_warps=tiling.num_warps,
         )  # fmt: skip
     return kv_part.sum(dim=1), ksum_part.sum(dim=1)
 

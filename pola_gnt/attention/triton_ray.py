@@ -423,13 +423,13 @@ class _RayAttentionTriton(torch.autograd.Function):
         rays, samples, dim = q.shape
         head_dim = dim // heads
         temps = torch.stack([temp_same, temp_opp], dim=1).float().contiguous()  # [heads, 2, 2d]
-        cfg = _RayConfig(head_dim, q.dtype)
+        tiling = _RayConfig(head_dim, q.dtype)
         out = torch.empty(rays, samples, dim, device=q.device, dtype=q.dtype)
         if rays * samples > 0:
             launch(_ray_forward_kernel, (rays, heads),
                 q, k, v, temps, visible if visible is not None else q, out, samples,
                 *_rows_strides(q), *_rows_strides(k), *_rows_strides(v), *_rows_strides(out),
-                **cfg.options(head_dim, visible is not None),
+                **tiling.options(head_dim, visible is not None),
             )  # fmt: skip
         ctx.save_for_backward(q, k, v, temps, visible)
         ctx.heads = heads
@@ -443,7 +443,7 @@ class _RayAttentionTriton(torch.autograd.Function):
         heads: int = ctx.heads
         rays, samples, dim = q.shape
         head_dim = dim // heads
-        cfg = _RayConfig(head_dim, q.dtype)
+        tiling = _RayConfig(head_dim, q.dtype)
         grad_out = grad_out.to(q.dtype)
         if grad_out.stride(-1) != 1:
             grad_out = grad_out.contiguous()
@@ -454,7 +454,7 @@ class _RayAttentionTriton(torch.autograd.Function):
                 grad_out, q, k, v, temps, visible if visible is not None else q,
                 grad_q, grad_k, grad_v, grad_temps_part, samples,
                 *_rows_strides(grad_out), *_rows_strides(q), *_rows_strides(k), *_rows_strides(v),
-                *_rows_strides(grad_q), **cfg.options(head_dim, visible is not None),
+                *_rows_strides(grad_q), **tiling.options(head_dim, visible is not None),
             )  # fmt: skip
         grad_temps = grad_temps_part.sum(dim=0)  # [heads, 2, 2d]
         same_dtype, opp_dtype = ctx.temp_dtypes
