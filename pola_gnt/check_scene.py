@@ -4,6 +4,11 @@ in the scene folder, as training would."""
 
 import sys
 
+from pola_gnt.runs.process import prepare_process
+
+if __name__ == "__main__":  # before torch loads OpenMP
+    prepare_process()
+
 from omegaconf import DictConfig
 
 from pola_gnt.data.scenes import load_scene

@@ -58,7 +58,8 @@ def evaluate(run: TrainedRunConfig, run_dir: Path) -> dict | None:
 
 @entry_point
 def main(cfg: DictConfig) -> None:
-    announce(read_run_settings(cfg).trainer, with_experiment=False)
+    announce(cfg, with_experiment=False)
+    read_run_settings(cfg)  # the command line's values checked before the checkpoint is read
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     evaluate(trained_run_config(cfg, run_dir, task_overrides()), run_dir)
 

@@ -19,6 +19,7 @@ if __name__ == "__main__":  # before torch loads OpenMP
 import contextlib
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import imageio_ffmpeg
 import numpy as np
@@ -211,7 +212,8 @@ def render_video(run: TrainedRunConfig, run_dir: Path) -> tuple[Path, Path]:
     scene = load_scene(config.scene, config.data)
     poses = scene_camera_path(scene, settings)
     # Accelerator and precision as the Trainer would use them (the command line's trainer section).
-    fabric = Fabric(accelerator=config.trainer.accelerator, devices=1, precision=config.trainer.precision)
+    precision: Any = config.trainer.precision  # Lightning's precision names, as the Trainer takes them
+    fabric = Fabric(accelerator=config.trainer.accelerator, devices=1, precision=precision)
     net = trained.system.net.to(fabric.device).eval()
     height, width = settings.resolution(*scene.resolution)
     print(f"checkpoint  {trained.path} ({config.model.name}, step {trained.system.checkpoint_step})", flush=True)
@@ -242,7 +244,8 @@ def render_video(run: TrainedRunConfig, run_dir: Path) -> tuple[Path, Path]:
 
 @entry_point
 def main(cfg: DictConfig) -> None:
-    announce(read_run_settings(cfg).trainer, with_experiment=False)
+    announce(cfg, with_experiment=False)
+    read_run_settings(cfg)  # the command line's values checked before the checkpoint is read
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     render_video(trained_run_config(cfg, run_dir, task_overrides()), run_dir)
 

@@ -47,8 +47,8 @@ from pola_gnt.runs.training import train
 
 @entry_point
 def main(cfg: DictConfig) -> None:
+    announce(cfg)
     settings = read_run_settings(cfg)  # every value checked before any work
-    announce(settings.trainer)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     checkpoint = checkpoint_to_resume(cfg, run_dir)
     train(settings, container_dict(cfg), run_dir, checkpoint, task_overrides())

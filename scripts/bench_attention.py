@@ -42,10 +42,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pola_gnt.runs.process import set_openmp_wait_policy
+
+set_openmp_wait_policy()  # before torch loads OpenMP, as every command
+
 import torch
 import torch.nn.functional as F
 
-import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
 from pola_gnt.core.errors import UserError, exit_on_user_error
 from pola_gnt.runs.process import M_MMAP_THRESHOLD, configure_cpu_allocator, mallopt
 

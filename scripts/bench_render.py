@@ -38,22 +38,28 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
+
+from pola_gnt.runs.process import set_openmp_wait_policy
+
+set_openmp_wait_policy()  # before torch loads OpenMP, as every command
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
-import pola_gnt  # noqa: F401  (first: sets the OpenMP wait policy before torch starts OpenMP)
 from pola_gnt.attention import cpu_kernels
 from pola_gnt.core.errors import UserError, exit_on_user_error
 from pola_gnt.geometry.rays import Rays, pixel_rays
-from pola_gnt.model.sampler import sample_depths
 from pola_gnt.model import GNT, SourceViews
+from pola_gnt.model.sampler import sample_depths
+from pola_gnt.runs.config.app import compose_config
+from pola_gnt.runs.config.read import read_run_settings
 from pola_gnt.runs.process import configure_cpu_allocator
 
-MODELS = {"gnt": ("subtraction", "softmax"), "pola_gnt": ("pola", "pola")}
+MODELS = ("gnt", "pola_gnt")  # conf/model/<name>.yaml
 HEIGHT, WIDTH = 378, 504  # LLFF at factor 8
 NEAR, FAR = 2.0, 10.0
 
@@ -140,8 +146,9 @@ def model_steps(
 ) -> tuple[GNT, Callable[[], None], Callable[[], None]]:
     """The model and its render step (eval, inference mode) and training step (forward + backward)."""
     torch.manual_seed(0)
-    view_attention, ray_attention = MODELS[kind]
-    model = GNT(view_attention, ray_attention, width=args.width, n_blocks=args.blocks, heads=args.heads)
+    # The model's own config (conf/model/<kind>.yaml, no experiment's read-out options) at the benchmark's size.
+    net = read_run_settings(compose_config(f"model={kind}", "experiment=standard", "trainer=cpu")).model.net
+    model = GNT(replace(net, width=args.width, n_blocks=args.blocks, heads=args.heads))
     model.encoder = None  # excluded from the benchmark: features are given (frees its 9 M parameters)
     model.to(device)
     if args.compile:

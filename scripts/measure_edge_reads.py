@@ -29,14 +29,14 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 
 from pola_gnt.data.datamodule import eval_source_ids
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays, points_along_rays
-from pola_gnt.model.sampler import sample_depths
 from pola_gnt.model.gnt import SourceViews, gather_source_samples
-from pola_gnt.runs.hydra_app import CONFIG_DIR
+from pola_gnt.model.sampler import DepthSampler
+from pola_gnt.runs.config.app import compose_config
+from pola_gnt.runs.config.read import read_run_settings
 
 CHUNK_RAYS = 2048
 
@@ -52,12 +52,11 @@ def edge_reference(images: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor:
 
 
 def measure(overrides: list[str], stride: int = 1) -> dict:
-    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    scene = load_scene(cfg.scene, cfg.data)
+    settings = read_run_settings(compose_config(*overrides))
+    scene = load_scene(settings.scene, settings.data)
     height, width = scene.resolution
-    near, far = scene.depth_range
-    n_samples, n_sources = int(cfg.render.n_samples), int(cfg.data.num_source_views)
+    n_samples, n_sources = settings.render.n_samples, settings.data.num_source_views
+    sampler = DepthSampler(n_samples)
     totals = dict.fromkeys(("visible_reads", "strip_reads", "wrong_reads", "seen_samples", "strip_samples"), 0)
     ratio_sum = 0.0
     rows, cols = len(range(0, height, stride)), len(range(0, width, stride))
@@ -70,7 +69,7 @@ def measure(overrides: list[str], stride: int = 1) -> dict:
         rays = pixel_rays(scene.cameras.c2w[view], scene.cameras.intrinsics[view], pixels)
         for start in range(0, len(rays), CHUNK_RAYS):
             chunk = rays[start : start + CHUNK_RAYS]
-            depths = sample_depths(near, far, len(chunk), n_samples, jitter=False)
+            depths = sampler(chunk, scene.depth_range)
             points = points_along_rays(chunk, depths)  # [rays, samples, 3]
             gathered = gather_source_samples(points, chunk.origins, sources)
             visible = gathered.visible  # [rays, samples, views]
@@ -93,8 +92,8 @@ def measure(overrides: list[str], stride: int = 1) -> dict:
             totals["strip_samples"] += int(in_strip.any(dim=-1).sum())
             ratio_sum += float((read.sum(-1) / reference.sum(-1).clamp(min=1e-6))[in_strip].sum())
     return {
-        "scene": cfg.scene.name,
-        "factor": int(cfg.data.factor),
+        "scene": settings.scene.name,
+        "factor": settings.data.factor,
         "resolution": [height, width],
         "num_source_views": n_sources,
         "n_samples": n_samples,

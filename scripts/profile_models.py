@@ -16,15 +16,18 @@ import argparse
 import sys
 from pathlib import Path
 
+from pola_gnt.runs.process import set_openmp_wait_policy
+
+set_openmp_wait_policy()  # before torch loads OpenMP, as every command
+
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_render import MODELS, model_steps, synthetic_rig  # noqa: E402
+from bench_render import MODELS, model_steps, synthetic_rig
 
-import pola_gnt  # noqa: F401, E402  (first: sets the OpenMP wait policy before torch starts OpenMP)
-from pola_gnt.runs.process import configure_cpu_allocator  # noqa: E402
+from pola_gnt.runs.process import configure_cpu_allocator
 
 
 def profile_model(kind: str, args: argparse.Namespace, device: torch.device) -> tuple[float, list[tuple]]:

@@ -1,4 +1,6 @@
-"""`python -m pola_gnt.analyze`: attention diagnostics of a trained Pola-GNT checkpoint."""
+"""Attention diagnostics of a trained Pola-GNT checkpoint: the command `python -m pola_gnt.analyze`
+(it loads the checkpoint) and the library it calls, `pola_gnt.evaluation.attention_analysis` (recording,
+summaries, plots, `analysis.json`)."""
 
 from __future__ import annotations
 
@@ -8,14 +10,20 @@ import math
 import imageio.v3 as iio
 import pytest
 import torch
-from helpers import TINY_OVERRIDES
-from helpers import assert_one_error_line, run_in_process, run_module
+from helpers import TINY_OVERRIDES, assert_one_error_line, run_in_process, run_module
 from omegaconf import OmegaConf
 
-from pola_gnt.analyze import ENTROPY_METHODS, analyze, gate_projection, recording_attention, temperature_pairs
+from pola_gnt.analyze import analyze
 from pola_gnt.attention.diagnostics import attention_entropy, softmax_weights
 from pola_gnt.attention.modules import PolaRayAttention, split_heads
 from pola_gnt.core.errors import UserError
+from pola_gnt.evaluation.attention_analysis import (
+    ENTROPY_METHODS,
+    gate_projection,
+    recording_attention,
+    summary_lines,
+    temperature_pairs,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FIGURES = ("attention_temperatures.png", "attention_gates_pca.png", "attention_entropy.png")
@@ -82,6 +90,10 @@ def test_corrupt_checkpoint_is_a_user_error(tmp_path):
         analyze(cli, tmp_path, overrides=[])
 
 
+# ------------------------------------------------------------------------------------------------
+# The library: pola_gnt.evaluation.attention_analysis
+
+
 def test_recording_sees_the_module_inputs_and_changes_nothing():
     torch.manual_seed(0)
     module = PolaRayAttention(dim=16, heads=2, lepe=True).eval()
@@ -135,3 +147,25 @@ def test_temperature_pairs_follow_the_feature_maps():
     assert torch.equal(pairs["streams_pos"][1], torch.tensor([0.7, 0.8]))
     assert torch.equal(pairs["streams_neg"][0], torch.tensor([0.3, 0.4]))
     assert torch.equal(pairs["streams_neg"][1], torch.tensor([0.5, 0.6]))
+
+
+def test_summary_lines_align_the_layers_and_mark_missing_numbers(tmp_path):
+    entropy = {"n_keys": 3, **{m: {"mean": 0.5} for m in ENTROPY_METHODS}}
+    entropy["relu_linear"] = {"mean": None}  # every row dead
+    document = {
+        "scene": "fern",
+        "view": {"index": 4, "name": "IMG_4.png"},
+        "n_rays": 64,
+        "psnr_on_rays": 21.456,
+        "layers": [
+            {"label": "block 0, view attention", "entropy": entropy, "gates": {"separation": 1.234}},
+            {"label": "block 0, ray attention", "entropy": entropy, "gates": {"separation": None}},
+        ],
+    }
+    lines = summary_lines(document, tmp_path)
+    assert lines[0] == "fern view IMG_4.png, 64 rays, PSNR on these rays 21.46 dB"
+    assert lines[1].split() == ["layer", "keys", *ENTROPY_METHODS, "gate", "sep."]
+    assert lines[2] == f"{'block 0, view attention':<28}{3:>5}" + f"{'0.500':>13}" * 3 + f"{'n/a':>13}{'1.23':>11}"
+    assert lines[3].endswith(f"{'n/a':>13}{'n/a':>11}")
+    assert len({len(line) for line in lines[1:4]}) == 1  # columns line up
+    assert lines[4].endswith(f"attention_entropy.png and analysis.json to {tmp_path}")

@@ -1,28 +1,35 @@
-"""Typed settings (`pola_gnt/settings.py`): one place for every config check with the right key
-names, the YAML inheritance of the presets, device-aware defaults (mocked CUDA), GNT's training
-crop and ray scaling, and the video preview scale."""
+"""The config (`pola_gnt/runs/config/`, the settings in `runs/settings.py` and beside their consumers):
+one place for every config check with the right key names, the YAML as the one place of every
+default (the settings mirror it key for key), the YAML inheritance of the presets, device-aware
+defaults (mocked CUDA), GNT's training crop and ray scaling, and the video preview scale."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import typing
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
-from helpers import TINY_OVERRIDES
-from helpers import assert_one_error_line, run_in_process
+from helpers import CONFIG_DIR, TINY_OVERRIDES, assert_one_error_line, run_in_process, scene_and_data
+from helpers import compose_config as compose_run_config
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+import pola_gnt
 from pola_gnt.core.errors import UserError, check_int, check_number
 from pola_gnt.data.datamodule import TrainSteps, crop_views, source_batch
 from pola_gnt.data.sampling import crop_size, draw_crop, scaled_ray_count
 from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.settings import ProcessDataSettings, RandomCrop
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 from pola_gnt.render_video import scaled_intrinsics
-from pola_gnt.runs.hydra_app import CONFIG_DIR, CONFIG_NAME, GPU_CONFIG_NAME, default_config_name, validate_config
-from pola_gnt.runs.settings import RandomCrop, RunSettings, VideoSettings
+from pola_gnt.runs.config.app import CONFIG_NAME, GPU_CONFIG_NAME, default_config_name
+from pola_gnt.runs.config.read import check_scene, read_process_data_settings, read_run_settings, read_video_settings
+from pola_gnt.runs.settings import RunSettings
 
 
 def compose_config(*overrides: str, name: str = CONFIG_NAME):
@@ -71,8 +78,7 @@ def no_gpu(monkeypatch):
 def test_bad_values_name_their_full_key(override, key):
     with pytest.raises(UserError) as error:
         cfg = compose_config(*TINY_OVERRIDES, override)
-        validate_config(cfg)
-        VideoSettings.from_config(cfg.video)
+        read_run_settings(cfg)
     message = str(error.value)
     assert message.startswith(f"{key}:") and "\n" not in message, message
 
@@ -84,7 +90,7 @@ def test_each_kind_of_message_is_worded_once():
     with pytest.raises(UserError) as from_library:
         demo_resolution(0)
     with pytest.raises(UserError) as from_config:
-        validate_config(compose_config("data.factor=0"))
+        read_run_settings(compose_config("data.factor=0"))
     assert str(from_library.value) == str(from_config.value) == "data.factor: must be a positive integer, got 0"
     with pytest.raises(UserError, match=r"^video.crf: must be an integer from 0 to 51 \(0 lossless, 51 worst\)"):
         check_int(60, "video.crf", 0, 51, why="0 lossless, 51 worst")
@@ -96,10 +102,10 @@ def test_each_kind_of_message_is_worded_once():
 @pytest.mark.parametrize("experiment", ["quick", "standard", "paper"])
 @pytest.mark.parametrize("model", ["gnt", "pola_gnt"])
 def test_every_preset_gives_valid_settings(model, experiment):
-    settings = validate_config(compose_config(f"model={model}", f"experiment={experiment}"))
+    settings = read_run_settings(compose_config(f"model={model}", f"experiment={experiment}"))
     assert isinstance(settings, RunSettings) and settings.model.name == model
     if experiment != "quick":  # GNT's model size and training recipe
-        assert (settings.model.width, settings.model.n_blocks, settings.model.encoder.stage_blocks) == (
+        assert (settings.model.net.width, settings.model.net.n_blocks, settings.model.net.encoder.stage_blocks) == (
             64,
             4,
             (3, 4, 6),
@@ -224,10 +230,7 @@ def test_draw_crop_stays_inside_the_image_and_covers_it():
 
 
 def test_crop_views_cuts_target_and_sources_alike_and_shifts_intrinsics():
-    scene = load_scene(
-        OmegaConf.create({"name": "demo", "kind": "demo", "path": None}),
-        OmegaConf.create({"root": None, "factor": 32, "llffhold": 8}),
-    )
+    scene = load_scene(*scene_and_data(compose_config("data.factor=32")))
     target, sources = scene.train_ids[0], scene.train_ids[1:4]
     batch = source_batch(scene, sources)
     window = (10, 17, 40, 60)  # top, left, height, width
@@ -265,12 +268,11 @@ def test_training_steps_crop_consistently_and_scale_the_rays():
         "data.random_crop={heights:[40,80],area:4000}",
         "data.scale_rays_with_views=true",
     )
-    settings = validate_config(cfg)
-    scene = load_scene(cfg.scene, cfg.data)
-    settings.check_scene(scene)
+    settings = read_run_settings(cfg)
+    scene = load_scene(*scene_and_data(cfg))
+    check_scene(settings, scene)
     counts = set()
-    for data in (cfg.data, settings.data):  # the config section or the typed settings
-        steps = TrainSteps(scene, data, cfg.render.n_samples, 12, seed=0, rank=0)
+    for steps in [TrainSteps(scene, settings.data, 12, seed=0, rank=0)]:
         for step in range(12):
             batch = steps[step]
             images = batch.sources.images
@@ -301,14 +303,14 @@ def test_training_steps_crop_consistently_and_scale_the_rays():
 def test_without_the_recipe_the_steps_are_unchanged():
     """Off (the quick preset), a step draws exactly what it drew before: same views, rays, colours."""
     cfg = compose_config(*TINY_OVERRIDES)
-    scene = load_scene(cfg.scene, cfg.data)
-    plain = TrainSteps(scene, cfg.data, cfg.render.n_samples, 4, seed=0, rank=0)
+    scene = load_scene(*scene_and_data(cfg))
+    plain = TrainSteps(scene, read_run_settings(cfg).data, 4, seed=0, rank=0)
     for step in range(4):
         batch = plain[step]
         assert len(batch.rgb) == 64 and batch.sources.images.shape[-2:] == scene.images.shape[1:3]
     # The random crop only changes what the crop draws, after the views.
     cropped = compose_config(*TINY_OVERRIDES, "data.random_crop={heights:[40,80],area:4000}")
-    with_crop = TrainSteps(scene, cropped.data, cfg.render.n_samples, 4, seed=0, rank=0)
+    with_crop = TrainSteps(scene, read_run_settings(cropped).data, 4, seed=0, rank=0)
     for step in range(4):
         assert torch.equal(plain[step].sources.ids, with_crop[step].sources.ids)
 
@@ -332,7 +334,7 @@ def test_without_the_recipe_the_steps_are_unchanged():
 def test_the_recipe_is_checked_against_the_scene(overrides, key):
     with pytest.raises(UserError) as error:
         cfg = compose_config(*TINY_OVERRIDES, *overrides)
-        validate_config(cfg).check_scene(load_scene(cfg.scene, cfg.data))
+        check_scene(read_run_settings(cfg), load_scene(*scene_and_data(cfg)))
     assert key in str(error.value) and "\n" not in str(error.value), str(error.value)
 
 
@@ -341,7 +343,7 @@ def test_the_recipe_is_checked_against_the_scene(overrides, key):
 
 def test_video_scale_renders_the_same_camera_at_a_fraction_of_the_size():
     video = compose_config("video.scale=0.5").video
-    settings = VideoSettings.from_config(video)
+    settings = read_video_settings(video)
     assert settings.scale == 0.5 and settings.resolution(94, 126) == (47, 63)
     intrinsics = torch.tensor([[100.0, 0.0, 63.0], [0.0, 100.0, 47.0], [0.0, 0.0, 1.0]])
     half = scaled_intrinsics(intrinsics, (94, 126), (47, 63))
@@ -351,4 +353,107 @@ def test_video_scale_renders_the_same_camera_at_a_fraction_of_the_size():
     torch.testing.assert_close(
         pixel_rays(c2w, half, pixels).directions, pixel_rays(c2w, intrinsics, 2 * pixels).directions
     )
-    assert VideoSettings.from_config(compose_config().video).scale == 1.0
+    assert read_run_settings(compose_config()).video.scale == 1.0
+
+
+# --------------------------------------------------------------------------------------------------
+# The YAML is the one place a default lives: the settings objects mirror it key for key
+
+
+def _yaml_leaves(node, prefix: str = "") -> dict[str, object]:
+    """Dotted key -> value of every leaf of a composed config (lists and nulls are leaves)."""
+    leaves = {}
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        leaves.update(_yaml_leaves(value, f"{path}.") if isinstance(value, dict) and value else {path: value})
+    return leaves
+
+
+def _settings_leaves(settings, prefix: str = "") -> dict[str, object]:
+    """Dotted field path -> value of every leaf of a settings object (tuples as lists, like the YAML)."""
+    leaves = {}
+    for field in dataclasses.fields(settings):
+        value, path = getattr(settings, field.name), f"{prefix}{field.name}"
+        if dataclasses.is_dataclass(value):
+            leaves.update(_settings_leaves(value, f"{path}."))
+        else:
+            leaves[path] = list(value) if isinstance(value, tuple) else value
+    return leaves
+
+
+def _settings_classes(cls, seen=None) -> set[type]:
+    seen = set() if seen is None else seen
+    seen.add(cls)
+    for hint in typing.get_type_hints(cls).values():
+        for kind in typing.get_args(hint) or (hint,):
+            if dataclasses.is_dataclass(kind) and kind not in seen:
+                _settings_classes(kind, seen)
+    return seen
+
+
+@pytest.mark.parametrize("model", ["gnt", "pola_gnt"])
+@pytest.mark.parametrize("experiment", ["quick", "standard", "paper"])
+def test_run_settings_mirror_the_yaml_key_for_key(model, experiment):
+    """Every key of conf/config.yaml (with each model and experiment) is one settings field with the
+    YAML's value, and every field is a key: a new key cannot be added in one place only."""
+    cfg = compose_run_config(f"model={model}", f"experiment={experiment}", "trainer=cpu")
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(raw, dict)
+    raw.pop("hydra", None)
+    yaml_leaves, settings_leaves = _yaml_leaves(raw), _settings_leaves(read_run_settings(cfg))
+    assert sorted(yaml_leaves) == sorted(settings_leaves)
+    assert yaml_leaves == settings_leaves
+
+
+def test_process_data_settings_mirror_their_yaml_key_for_key():
+    raw = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / "process_data.yaml"))
+    assert isinstance(raw, dict)
+    for key in ("defaults", "hydra"):
+        raw.pop(key)
+    raw.update(input="photos", out="scene")  # the two keys without a default
+    settings = read_process_data_settings(OmegaConf.create(raw))
+    assert _yaml_leaves(raw) == _settings_leaves(settings)
+
+
+def test_no_settings_class_holds_a_default_of_its_own():
+    """The defaults are the YAML's; a dataclass default would be a second one (and would win silently
+    for a key missing from the YAML)."""
+    classes = _settings_classes(RunSettings) | {ProcessDataSettings}
+    assert len(classes) >= 12
+    defaults = [
+        f"{cls.__name__}.{field.name}"
+        for cls in classes
+        for field in dataclasses.fields(cls)
+        if field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
+    ]
+    assert defaults == []
+
+
+def test_a_key_missing_from_the_config_is_one_error_line_naming_it():
+    cfg = compose_run_config()
+    del cfg.model.net.ffn_mult
+    with pytest.raises(UserError, match=r"^model\.net\.ffn_mult: must be set \(missing from the config\)$"):
+        read_run_settings(cfg)
+
+
+def test_a_key_that_nothing_reads_is_one_error_line_naming_it():
+    """`+key=value` adds keys to the config; one that no setting reads (a misspelt Lightning argument,
+    say) is refused instead of silently doing nothing."""
+    cfg = compose_run_config("+trainer.max_step=5")
+    with pytest.raises(UserError, match=r"^trainer\.max_step: not a config key"):
+        read_run_settings(cfg)
+
+
+def test_only_the_entry_points_and_the_config_package_read_the_raw_config():
+    """Below the entry points everything takes typed settings: no module outside `runs/config/` and
+    the entry points (the files directly in `pola_gnt/`) mentions Hydra's `DictConfig` or reads `cfg.`."""
+    package = Path(pola_gnt.__file__).parent
+    readers = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package)
+        if len(relative.parts) == 1 or relative.parts[:2] == ("runs", "config"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if "DictConfig" in line or re.search(r"\bcfg\.", line):
+                readers.append(f"{relative}:{number}: {line.strip()}")
+    assert readers == []

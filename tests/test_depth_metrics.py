@@ -4,13 +4,14 @@ exact depth is the same quantity, in the same units, as the renderer's depth."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import hypothesis.strategies as st
 import numpy as np
 import pytest
 import torch
+from helpers import compose_config, scene_and_data
 from hypothesis import given, settings
-from omegaconf import OmegaConf
 
 from pola_gnt.data.demo_scene import demo_depth
 from pola_gnt.data.scenes import exact_depth_source, load_scene
@@ -67,8 +68,7 @@ def test_depth_errors_refuse_mismatched_or_non_positive_maps():
 
 
 def _demo_scene(tmp_path, factor: int):
-    scene_cfg = OmegaConf.create({"name": "demo", "kind": "demo", "path": str(tmp_path / "demo")})
-    data_cfg = OmegaConf.create({"root": None, "factor": factor, "llffhold": 8})
+    scene_cfg, data_cfg = scene_and_data(compose_config(f"scene.path={tmp_path / 'demo'}", f"data.factor={factor}"))
     return scene_cfg, load_scene(scene_cfg, data_cfg)
 
 
@@ -92,7 +92,7 @@ def test_exact_depth_is_the_renderers_z_depth_in_the_normalised_scene(tmp_path):
     scene_cfg, scene = _demo_scene(tmp_path, factor=32)
     exact_depth = exact_depth_source(scene_cfg, scene)
     assert exact_depth is not None
-    assert exact_depth_source(OmegaConf.create({"kind": "llff"}), scene) is None
+    assert exact_depth_source(replace(scene_cfg, kind="llff"), scene) is None
     height, width = scene.resolution
     cameras = scene.cameras
     for view_a, view_b in [(0, 3), (8, 12), (16, 9)]:

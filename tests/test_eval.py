@@ -9,14 +9,13 @@ from pathlib import Path
 import imageio.v3 as iio
 import pytest
 import torch
-from helpers import TINY_OVERRIDES
-from helpers import assert_one_error_line, run_in_process, run_module
+from helpers import CONFIG_DIR, TINY_OVERRIDES, assert_one_error_line, run_in_process, run_module
 from hydra import compose, initialize_config_dir
 
 from pola_gnt.core.errors import UserError
 from pola_gnt.eval import evaluate
-from pola_gnt.runs.checkpoints import checkpoint_config, run_config_with_overrides
-from pola_gnt.runs.hydra_app import CONFIG_DIR
+from pola_gnt.runs.checkpoints import read_checkpoint
+from pola_gnt.runs.config.stored import run_config_with_overrides, stored_run_config, trained_run_config
 from pola_gnt.runs.trained_runs import load_trained_checkpoint
 
 METRICS = ("psnr", "ssim", "lpips")
@@ -71,8 +70,8 @@ def test_eval_reproduces_the_training_metrics(tiny_runs, tmp_path, model, overri
 def test_gnt_protocol_is_labelled_and_scores_every_second_pixel(tiny_runs, tmp_path):
     checkpoint = last_checkpoint(tiny_runs["pola_gnt"])
     overrides = ["metrics.protocol=gnt", f"ckpt_path={checkpoint}"]
-    document = evaluate(compose_config(*overrides), tmp_path, overrides)
-    stored = checkpoint_config(checkpoint)
+    document = evaluate(trained_run_config(compose_config(*overrides), tmp_path, overrides), tmp_path)
+    stored = stored_run_config(read_checkpoint(checkpoint), checkpoint)
     assert document["protocol"] == "gnt"
     assert document["lpips_net"] == "vgg"  # GNT's network when lpips_net is not given
     assert document["metric_settings"]["ssim_padding"] == "same"
@@ -86,21 +85,20 @@ def test_gnt_protocol_is_labelled_and_scores_every_second_pixel(tiny_runs, tmp_p
 def test_explicit_lpips_net_wins_over_the_gnt_protocol_default(tiny_runs, tmp_path):
     checkpoint = last_checkpoint(tiny_runs["pola_gnt"])
     overrides = ["metrics.protocol=gnt", "metrics.lpips_net=alex", f"ckpt_path={checkpoint}"]
-    trained = load_trained_checkpoint(compose_config(*overrides), tmp_path, overrides)
-    assert (trained.config.metrics.protocol, trained.config.metrics.lpips_net) == ("gnt", "alex")
+    trained = load_trained_checkpoint(trained_run_config(compose_config(*overrides), tmp_path, overrides))
+    assert (trained.settings.metrics.protocol, trained.settings.metrics.lpips_net) == ("gnt", "alex")
 
 
 def _run_config(checkpoint: Path, *overrides: str):
     """The config `eval` would use for `checkpoint` with these command-line overrides."""
     overrides = [*overrides, f"ckpt_path={checkpoint}"]
-    return run_config_with_overrides(
-        checkpoint, checkpoint_config(checkpoint), compose_config(*overrides), overrides, Path(CONFIG_DIR)
-    )
+    stored = stored_run_config(read_checkpoint(checkpoint), checkpoint)
+    return run_config_with_overrides(checkpoint, stored, compose_config(*overrides), overrides, Path(CONFIG_DIR))
 
 
 def test_run_config_is_the_checkpoints_plus_explicit_keys(tiny_runs):
     checkpoint = last_checkpoint(tiny_runs["pola_gnt"])
-    stored = checkpoint_config(checkpoint)
+    stored = stored_run_config(read_checkpoint(checkpoint), checkpoint)
     plain = _run_config(checkpoint)
     for section in ("data", "render", "metrics", "model", "scene", "optim"):
         assert plain[section] == stored[section], section
@@ -150,10 +148,11 @@ def test_bad_checkpoints_are_one_error_line(tiny_runs, tmp_path):
 
 def test_eval_needs_a_checkpoint(tmp_path):
     with pytest.raises(UserError, match="ckpt_path: required"):
-        evaluate(compose_config(), tmp_path, [])
+        evaluate(trained_run_config(compose_config(), tmp_path, []), tmp_path)
     with pytest.raises(UserError, match="ckpt_path=last"):  # `last` means a run folder's checkpoint
-        evaluate(compose_config("ckpt_path=last"), tmp_path, ["ckpt_path=last"])
+        evaluate(trained_run_config(compose_config("ckpt_path=last"), tmp_path, ["ckpt_path=last"]), tmp_path)
     foreign = tmp_path / "foreign.ckpt"
     torch.save({"state_dict": {}, "hyper_parameters": {"lr": 0.1}}, foreign)
     with pytest.raises(UserError, match="not a Pola-GNT checkpoint"):
-        evaluate(compose_config(f"ckpt_path={foreign}"), tmp_path, [f"ckpt_path={foreign}"])
+        overrides = [f"ckpt_path={foreign}"]
+        evaluate(trained_run_config(compose_config(*overrides), tmp_path, overrides), tmp_path)

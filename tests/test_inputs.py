@@ -9,8 +9,7 @@ from pathlib import Path
 import imageio.v3 as iio
 import numpy as np
 import pytest
-from helpers import TINY_OVERRIDES
-from helpers import assert_one_error_line, run_in_process, run_module
+from helpers import CONFIG_DIR, TINY_OVERRIDES, assert_one_error_line, run_in_process, run_module, scene_and_data
 from hydra import compose, initialize_config_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,7 +23,7 @@ from pola_gnt.data.images import list_images, read_image
 from pola_gnt.data.llff import load_llff_scene, read_poses_bounds
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.runs.checkpoints import resolve_checkpoint
-from pola_gnt.runs.hydra_app import CONFIG_DIR, check_scene_config, validate_config
+from pola_gnt.runs.config.read import check_scene, read_run_settings
 
 HYPOTHESIS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -64,7 +63,7 @@ BAD_VALUES = [
 @pytest.mark.parametrize("override, key", BAD_VALUES)
 def test_bad_config_value_is_one_user_error(override, key):
     with pytest.raises(UserError) as err:
-        validate_config(compose_config(override))
+        read_run_settings(compose_config(override))
     assert str(err.value).startswith(f"{key}:") and "\n" not in str(err.value)
 
 
@@ -75,7 +74,7 @@ def test_good_configs_pass():
         ["optim.decay_rate=1", "trainer.gradient_clip_val=0", "seed=0"],
         ["data.crop=[32,32]", "trainer.val_check_interval=1.0"],
     ):
-        validate_config(compose_config(*overrides))
+        read_run_settings(compose_config(*overrides))
 
 
 @pytest.mark.parametrize(
@@ -89,9 +88,9 @@ def test_good_configs_pass():
 )
 def test_config_checked_against_the_scene(override, fragment):
     cfg = compose_config(override)
-    validate_config(cfg)
+    read_run_settings(cfg)
     with pytest.raises(UserError, match=fragment.replace("[", r"\[")):
-        check_scene_config(cfg, load_scene(cfg.scene, cfg.data))
+        check_scene(read_run_settings(cfg), load_scene(*scene_and_data(cfg)))
 
 
 CONFIG_KEYS = [
@@ -124,13 +123,13 @@ def test_any_config_value_passes_or_is_a_user_error(key, value):
     cfg = compose_config()
     OmegaConf.update(cfg, key, value, force_add=True)
     try:
-        validate_config(cfg)
+        read_run_settings(cfg)
     except UserError as err:
         assert str(err).startswith(f"{key}:") and "\n" not in str(err)
         return
     if key.startswith("data."):  # accepted: checked against the scene, again one line at most
         try:
-            check_scene_config(cfg, load_scene(cfg.scene, cfg.data))
+            check_scene(read_run_settings(cfg), load_scene(*scene_and_data(cfg)))
         except UserError as err:
             assert str(err).startswith(f"{key}:") and "\n" not in str(err)
 

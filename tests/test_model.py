@@ -11,16 +11,21 @@ import math
 
 import pytest
 import torch
+from helpers import net_settings
 
 from pola_gnt.core.errors import UserError
 from pola_gnt.geometry.projection import project_points
 from pola_gnt.geometry.rays import Rays, pixel_rays
 from pola_gnt.model import GNT, ImageEncoder, SourceViews
 from pola_gnt.model.gnt import gather_source_samples, masked_max, sinusoidal_encoding
+from pola_gnt.model.sampler import DepthSampler
+from pola_gnt.model.settings import EncoderSettings
 
 HEIGHT, WIDTH, FOCAL = 24, 32, 30.0
 MODEL_KINDS = {"gnt": ("subtraction", "softmax"), "pola_gnt": ("pola", "pola")}
-TINY_ENCODER = {"stage_channels": (8, 16, 16), "stage_blocks": (1, 1, 1), "feature_channels": 32}
+TINY_ENCODER = EncoderSettings(stage_channels=(8, 16, 16), stage_blocks=(1, 1, 1), feature_channels=32)
+# GNT's encoder (conf/model/gnt.yaml)
+FULL_ENCODER = EncoderSettings(stage_channels=(64, 128, 256), stage_blocks=(3, 4, 6), feature_channels=32)
 
 
 def intrinsics() -> torch.Tensor:
@@ -56,7 +61,10 @@ def target_rays(pixels: list[tuple[float, float]]) -> Rays:
 def tiny_model(kind: str, seed: int = 0) -> GNT:
     torch.manual_seed(seed)
     view_attention, ray_attention = MODEL_KINDS[kind]
-    return GNT(view_attention, ray_attention, width=32, n_blocks=2, heads=4, encoder=TINY_ENCODER).eval()
+    settings = net_settings(
+        view_attention=view_attention, ray_attention=ray_attention, width=32, n_blocks=2, heads=4, encoder=TINY_ENCODER
+    )
+    return GNT(settings).eval()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -65,39 +73,23 @@ def tiny_model(kind: str, seed: int = 0) -> GNT:
 
 @pytest.mark.parametrize("size", [(24, 32), (25, 35)])
 def test_encoder_outputs_32_channels_at_quarter_resolution(size):
-    encoder = ImageEncoder(**TINY_ENCODER)
+    encoder = ImageEncoder(TINY_ENCODER)
     features = encoder(torch.rand(2, 3, *size))
     assert features.shape == (2, 32, math.ceil(size[0] / 4), math.ceil(size[1] / 4))
 
 
 def test_full_encoder_has_about_9m_parameters():
-    n_params = sum(p.numel() for p in ImageEncoder().parameters())
+    n_params = sum(p.numel() for p in ImageEncoder(FULL_ENCODER).parameters())
     assert 8.5e6 < n_params < 9.5e6
 
 
 def test_encoder_rejects_too_small_images():
     with pytest.raises(UserError, match="model.net.encoder: input"):
-        ImageEncoder(**TINY_ENCODER)(torch.rand(1, 3, 16, 32))
-
-
-@pytest.mark.parametrize(
-    "kwargs, name",
-    [
-        ({"view_attention": "linear"}, "view_attention"),
-        ({"ray_attention": "subtraction"}, "ray_attention"),
-        ({"encoder_input_scale": 0.0}, "encoder_input_scale"),
-        ({"readout_consistency_prior": -1.0}, "readout_consistency_prior"),
-    ],
-)
-def test_bad_model_arguments_are_value_errors_naming_the_argument(kwargs, name):
-    """From a config these values are user errors naming `model.net.*` (tests/test_settings.py);
-    the network itself refuses them as a library would."""
-    with pytest.raises(ValueError, match=name):
-        GNT(width=32, n_blocks=1, encoder=TINY_ENCODER, **kwargs)
+        ImageEncoder(TINY_ENCODER)(torch.rand(1, 3, 16, 32))
 
 
 def test_gnt_transformer_parameter_count_matches_reference():
-    counts = GNT("subtraction", "softmax", width=64, n_blocks=4).parameter_counts()
+    counts = GNT(net_settings("gnt")).parameter_counts()  # GNT's own config: width 64, 4 blocks
     assert 0.42e6 < counts["transformer"] < 0.46e6  # GNT reference: about 0.44 M at depth 4
 
 
@@ -456,3 +448,18 @@ def test_consistency_prior_moves_the_read_out_to_the_samples_the_views_agree_abo
     expected = pattern(hits[:, 0], hits[:, 1]).t()
     # Within the colour change of the pattern between the samples nearest the plane (0.2 apart).
     assert (blended.rgb - expected).abs().mean() < 0.05 and (blended.rgb - expected).abs().max() < 0.15
+
+
+def test_depth_sampler_jitters_within_the_bins_from_a_seed_and_is_fixed_without_one():
+    """The model's sampler (the data module only yields rays): a training batch's seed gives the same
+    jittered depths wherever it is drawn, each inside its inverse-depth bin; no seed gives the bin edges."""
+    rays = target_rays([(10.0, 12.0), (30.0, 5.0), (2.0, 2.0)])
+    sampler = DepthSampler(n_samples=8)
+    fixed = sampler(rays, (2.0, 6.0))
+    edges = 1.0 / torch.linspace(1.0 / 2.0, 1.0 / 6.0, 8)
+    assert torch.allclose(fixed, edges.expand(3, 8))
+    jittered = sampler(rays, (2.0, 6.0), seed=7)
+    assert torch.equal(jittered, sampler(rays, (2.0, 6.0), seed=7))
+    assert not torch.equal(jittered, sampler(rays, (2.0, 6.0), seed=8))
+    assert bool((jittered >= 2.0 - 1e-6).all() and (jittered <= 6.0 + 1e-6).all())
+    assert bool((jittered.diff(dim=-1) > 0).all())  # still ordered near to far

@@ -374,9 +374,8 @@ def test_umeyama_recovers_a_similarity():
 
 
 def test_scene_path_alone_names_the_scene(fern_processed):
+    from helpers import CONFIG_DIR
     from hydra import compose, initialize_config_dir
-
-    from pola_gnt.runs.hydra_app import CONFIG_DIR
 
     out, _ = fern_processed
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

@@ -15,18 +15,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY_OVERRIDES
-from helpers import assert_one_error_line
+from helpers import CONFIG_DIR, TINY_OVERRIDES, assert_one_error_line, train_in_process
 from hydra import compose, initialize_config_dir
 
 from pola_gnt.core.errors import RunStopped, UserError
 from pola_gnt.core.files import write_atomic
 from pola_gnt.core.paths import PROJECT_ROOT
 from pola_gnt.runs.guards import TrainingGuard
-from pola_gnt.runs.hydra_app import CONFIG_DIR
 from pola_gnt.runs.run_folder import LOCK_NAME, NonFiniteError, RunLock, SafeCheckpointIO
 from pola_gnt.runs.system import GNTSystem
-from pola_gnt.train import train
 
 COMMON = ["model=pola_gnt", *TINY_OVERRIDES, "seed=3", "trainer.val_check_interval=2"]
 MAX_STEPS = 8
@@ -65,7 +62,7 @@ def send_signal_at(monkeypatch, hook: str, signum: int, steps: set[int] | None =
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("straight")
-    train(config(), run_dir)
+    train_in_process(config(), run_dir)
     return run_dir
 
 
@@ -76,12 +73,12 @@ def test_resume_from_several_steps_matches_uninterrupted_run(straight_run, tmp_p
         with monkeypatch.context() as patch:
             send_signal_at(patch, "on_train_batch_start", signal.SIGTERM, {stop})
             with pytest.raises(RunStopped) as stopped:
-                train(config(*(["ckpt_path=last"] if stop > 1 else [])), tmp_path)
+                train_in_process(config(*(["ckpt_path=last"] if stop > 1 else [])), tmp_path)
         assert stopped.value.exit_code == 143
         message = str(stopped.value)
         assert f"at step {stop}" in message and "ckpt_path=last" in message and f"saved at step {stop}" in message
         assert not (tmp_path / "metrics.json").exists()
-    train(config("ckpt_path=last"), tmp_path)
+    train_in_process(config("ckpt_path=last"), tmp_path)
     first, second = metrics(straight_run), metrics(tmp_path)
     assert second["global_step"] == first["global_step"] == MAX_STEPS
     assert second["mean"] == first["mean"] and second["per_image"] == first["per_image"]
@@ -94,17 +91,17 @@ def test_sigterm_during_test_says_metrics_not_written(straight_run, tmp_path, mo
     with monkeypatch.context() as patch:
         send_signal_at(patch, "on_test_batch_start", signal.SIGTERM)
         with pytest.raises(RunStopped) as stopped:
-            train(config(), tmp_path)
+            train_in_process(config(), tmp_path)
     assert stopped.value.exit_code == 143 and "metrics.json was not written" in str(stopped.value)
     assert not (tmp_path / "metrics.json").exists()
-    train(config("ckpt_path=last"), tmp_path)  # the trained model is tested, nothing retrained
+    train_in_process(config("ckpt_path=last"), tmp_path)  # the trained model is tested, nothing retrained
     assert metrics(tmp_path)["mean"] == metrics(straight_run)["mean"]
 
 
 def test_sigint_exits_130_with_resume_hint(tmp_path, monkeypatch):
     send_signal_at(monkeypatch, "on_validation_batch_start", signal.SIGINT)
     with pytest.raises(RunStopped) as stopped:
-        train(config(), tmp_path)
+        train_in_process(config(), tmp_path)
     assert stopped.value.exit_code == 130 and "resume with: python -m pola_gnt.train" in str(stopped.value)
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
 
@@ -129,7 +126,7 @@ def test_divergence_stops_at_once_and_keeps_last_good_checkpoint(fault, tmp_path
 
     monkeypatch.setattr(GNTSystem, "training_step", diverging_step)
     with pytest.raises(RunStopped) as stopped:
-        train(config(), tmp_path)
+        train_in_process(config(), tmp_path)
     message = str(stopped.value)
     assert stopped.value.exit_code == 3 and "diverged" in message and "step 6" in message
     assert ("loss" if fault == "loss" else "weights") in message and "(step 4)" in message

@@ -1,19 +1,17 @@
-"""`python -m pola_gnt.report`: the multi-run table, CSV and charts."""
+"""`python -m pola_gnt.report`: the multi-run table, CSV and charts, from the command line (the library
+behind it, `pola_gnt.evaluation.study`, is tests/test_study.py's)."""
 
 from __future__ import annotations
 
 import csv
 import json
-import os
-import statistics
 from pathlib import Path
 
 import imageio.v3 as iio
 import pytest
 from helpers import CommandResult, assert_one_error_line, run_module
 
-from pola_gnt.core.errors import UserError
-from pola_gnt.report import LLFF_SCENES, METRICS, find_metrics_files, load_run, write_report
+from pola_gnt.evaluation.study import METRICS
 from pola_gnt.report import main as report_main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -78,90 +76,3 @@ def test_report_bad_path_is_one_error_line(tmp_path, capsys):
     captured = capsys.readouterr()
     assert_one_error_line(CommandResult(exit_info.value.code, captured.out, captured.err), "missing_run")
     assert not (tmp_path / "out").exists()
-
-
-def test_malformed_or_missing_metrics_are_user_errors(tmp_path):
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(UserError, match="no metrics.json found"):
-        find_metrics_files([tmp_path / "empty"])
-    broken = tmp_path / "broken" / "metrics.json"
-    broken.parent.mkdir()
-    broken.write_text('{"scene": "fern", "model": "gnt"')
-    with pytest.raises(UserError, match="malformed metrics.json"):
-        load_run(broken)
-    broken.write_text(
-        json.dumps(
-            {
-                "scene": "fern",
-                "model": "gnt",
-                "protocol": "gnt",
-                "lpips_net": "vgg",
-                "mean": {"psnr": "high", "ssim": 0.8, "lpips": None},
-                "baseline": {},
-            }
-        )
-    )
-    with pytest.raises(UserError, match="mean.psnr"):
-        load_run(broken)
-
-
-def _write_metrics(
-    path: Path,
-    scene: str,
-    model: str,
-    psnr: float,
-    protocol: str = "gnt",
-    lpips_net: str = "vgg",
-    mtime: float | None = None,
-) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scores = {"psnr": psnr, "ssim": 0.5 + psnr / 100, "lpips": 0.3 - psnr / 200}
-    path.write_text(
-        json.dumps(
-            {
-                "scene": scene,
-                "model": model,
-                "split": "test",
-                "protocol": protocol,
-                "lpips_net": lpips_net,
-                "resolution": [378, 504],
-                "mean": scores,
-                "baseline": {"method": "nearest_train_image", "psnr": 15.0, "ssim": 0.4, "lpips": None},
-                "per_image": [],
-            }
-        )
-    )
-    if mtime is not None:
-        os.utime(path, (mtime, mtime))
-
-
-def test_eight_scene_mean_duplicates_and_mixed_protocols(tmp_path, capsys):
-    runs = tmp_path / "runs"
-    psnrs = {scene: 24.0 + i for i, scene in enumerate(LLFF_SCENES)}
-    for scene, psnr in psnrs.items():
-        _write_metrics(runs / scene / "pola_gnt" / "new" / "metrics.json", scene, "pola_gnt", psnr, mtime=2e9)
-    # An older run of the same (scene, model, protocol, LPIPS net): must be ignored.
-    _write_metrics(runs / "fern" / "pola_gnt" / "old" / "metrics.json", "fern", "pola_gnt", 10.0, mtime=1e9)
-    # Another protocol for one scene: its own group, and a warning.
-    _write_metrics(
-        runs / "fern" / "gnt" / "std" / "metrics.json", "fern", "gnt", 20.0, protocol="standard", lpips_net="alex"
-    )
-
-    rows = write_report([runs], tmp_path / "out")
-
-    pola_runs = [r for r in rows if r.kind == "run" and r.model == "pola_gnt"]
-    assert [r.scene for r in pola_runs] == list(LLFF_SCENES)
-    assert next(r for r in pola_runs if r.scene == "fern").scores["psnr"] == psnrs["fern"]
-    (pola_mean,) = [r for r in rows if r.kind == "mean" and r.model == "pola_gnt"]
-    assert pola_mean.scene == "LLFF 8-scene mean" and pola_mean.n_scenes == 8
-    assert pola_mean.scores["psnr"] == pytest.approx(statistics.fmean(psnrs.values()))
-    assert pola_mean.baseline["lpips"] is None  # a missing value is never averaged over fewer scenes
-    (gnt_mean,) = [r for r in rows if r.kind == "mean" and r.model == "gnt"]
-    assert gnt_mean.scene == "mean (1 scene)" and gnt_mean.protocol == "standard"
-
-    stderr = capsys.readouterr().err
-    assert stderr.count("warning:") == 1 and "protocols (gnt, standard)" in stderr
-    markdown = (tmp_path / "out" / "report.md").read_text()
-    assert "old/metrics.json" in markdown and "(newest)" in markdown
-    assert "| **pola_gnt** | **LLFF 8-scene mean** | **27.50** |" in markdown
-    assert "| gnt | fern | 20.00 |" in markdown and "| standard | alex |" in markdown

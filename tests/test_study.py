@@ -1,99 +1,30 @@
-"""Seeded study: training budgets (steps / wall time), the t statistics, the report's grouping over
-seeds and its paired Pola-GNT - GNT difference, and one real multirun that the report reads."""
+"""Seeded study (`pola_gnt.evaluation.study`, the library behind `python -m pola_gnt.report`): reading
+run folders, the report's tables, its grouping over seeds and its paired Pola-GNT - GNT difference,
+and one real multirun that the report reads. The t statistics are tests/test_stats.py's, the
+budgets tests/test_budget.py's, the command line tests/test_report.py's."""
 
 from __future__ import annotations
 
 import csv
 import json
 import math
+import os
 import statistics
 from pathlib import Path
 
 import pytest
-from helpers import TINY_OVERRIDES
-from helpers import run_in_process, run_module
-from omegaconf import OmegaConf
+from helpers import TINY_OVERRIDES, run_in_process, run_module
 
 from pola_gnt.core.errors import UserError
-from pola_gnt.evaluation.stats import student_t_cdf, student_t_quantile, summarize
-from pola_gnt.report import build_report, write_full_report
-from pola_gnt.runs.budget import budget_document, max_time_seconds, training_document
-
-# Two-sided 95% quantiles t_{0.975, df} (standard tables, 10 digits).
-T_975 = {3: 3.182446305, 4: 2.776445105, 5: 2.570581836, 10: 2.228138852, 30: 2.042272456}
-
-
-# ------------------------------------------------------------------------------------------------
-# Student t
-
-
-@pytest.mark.parametrize("p", [0.6, 0.9, 0.975, 0.995, 0.025])
-def test_t_quantile_matches_the_closed_forms_for_one_and_two_degrees_of_freedom(p):
-    assert student_t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-12)
-    assert student_t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-12)
-
-
-@pytest.mark.parametrize("t", [-40.0, -2.0, -1e-5, 0.0, 0.3, 1.0, 7.5])
-def test_t_cdf_matches_the_closed_forms(t):
-    assert student_t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-15)
-    assert student_t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-15)
-
-
-def test_t_quantile_matches_tables_and_the_normal_limit():
-    for df, expected in T_975.items():
-        assert student_t_quantile(0.975, df) == pytest.approx(expected, abs=1e-9)
-    assert student_t_quantile(0.975, 1e7) == pytest.approx(1.959963985, abs=1e-6)
-
-
-def test_t_quantile_agrees_with_scipy_where_installed():
-    stats = pytest.importorskip("scipy.stats")
-    for df in (1, 2, 3, 7, 12.5, 100):
-        for p in (0.55, 0.8, 0.975, 0.999):
-            assert student_t_quantile(p, df) == pytest.approx(float(stats.t.ppf(p, df)), rel=1e-10)
-
-
-def test_summary_by_hand():
-    summary = summarize([1.0, 2.0, 3.0, 4.0])
-    std = math.sqrt(5 / 3)
-    half = T_975[3] * std / 2.0
-    assert (summary.n, summary.mean, summary.std) == (4, 2.5, pytest.approx(std))
-    assert summary.low == pytest.approx(2.5 - half, abs=1e-8) and summary.high == pytest.approx(2.5 + half, abs=1e-8)
-    single = summarize([7.0])
-    assert single.mean == 7.0 and single.std is None and single.low is None
-
-
-# ------------------------------------------------------------------------------------------------
-# Budgets
-
-
-@pytest.mark.parametrize(
-    "value, seconds",
-    [(None, None), (5, 300.0), (0.5, 30.0), ("00:00:05:00", 300.0), ("01:02:03:04", 93784.0), ({"minutes": 2}, 120.0)],
+from pola_gnt.evaluation.stats import student_t_quantile
+from pola_gnt.evaluation.study import (
+    LLFF_SCENES,
+    build_report,
+    find_metrics_files,
+    load_run,
+    write_full_report,
+    write_report,
 )
-def test_max_time_forms(value, seconds):
-    assert max_time_seconds(value) == seconds
-
-
-@pytest.mark.parametrize("value", [0, -1, True, "5:00", "00:00:5:00", {"minuts": 5}, {}, float("inf"), [5]])
-def test_bad_max_time_is_a_user_error_naming_the_key(value):
-    with pytest.raises(UserError, match="trainer.max_time"):
-        max_time_seconds(value)
-
-
-def test_budget_label_and_what_stopped_training():
-    steps = budget_document(OmegaConf.create({"trainer": {"max_steps": 600, "max_time": None}}))
-    assert steps == {"kind": "steps", "label": "600 steps", "max_steps": 600, "max_time_s": None}
-    timed = budget_document(OmegaConf.create({"trainer": {"max_steps": 10**6, "max_time": "00:00:05:00"}}))
-    assert timed["kind"] == "time" and timed["label"] == "5 min wall time" and timed["max_time_s"] == 300.0
-    assert training_document(steps, 600, 240.0) == {
-        "wall_time_s": 240.0,
-        "steps": 600,
-        "steps_per_s": 2.5,
-        "stopped_by": "max_steps",
-    }
-    assert training_document(timed, 712, 300.4)["stopped_by"] == "max_time"
-    assert training_document(steps, 300, 120.0)["stopped_by"] is None  # a checkpoint from mid-run
-
 
 # ------------------------------------------------------------------------------------------------
 # The report's statistics on hand-made metrics files
@@ -197,7 +128,7 @@ def test_pooled_difference_over_scenes_and_older_files_without_seeds(tmp_path):
             write_run(
                 root / f"{scene}_p{seed}", "pola_gnt", seed, 20.0 + seed + offset, STEPS_BUDGET, 600, 300.0, scene=scene
             )
-    old = root / "old" / "metrics.json"  # interface.md's minimal format: no seed, budget or timings
+    old = root / "old" / "metrics.json"  # docs/interface.md's minimal format: no seed, budget or timings
     old.parent.mkdir()
     old.write_text(
         json.dumps(
@@ -221,6 +152,97 @@ def test_pooled_difference_over_scenes_and_older_files_without_seeds(tmp_path):
     assert any("not paired (no seed" in note and str(old) in note for note in notes)
     (old_group,) = [g for g in report.groups if g.condition == "budget n/a"]
     assert old_group.seeds == [None] and old_group.metrics["lpips"] is None and old_group.train_time_s is None
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading runs and the main table
+
+
+def test_malformed_or_missing_metrics_are_user_errors(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no metrics.json found"):
+        find_metrics_files([tmp_path / "empty"])
+    broken = tmp_path / "broken" / "metrics.json"
+    broken.parent.mkdir()
+    broken.write_text('{"scene": "fern", "model": "gnt"')
+    with pytest.raises(UserError, match="malformed metrics.json"):
+        load_run(broken)
+    broken.write_text(
+        json.dumps(
+            {
+                "scene": "fern",
+                "model": "gnt",
+                "protocol": "gnt",
+                "lpips_net": "vgg",
+                "mean": {"psnr": "high", "ssim": 0.8, "lpips": None},
+                "baseline": {},
+            }
+        )
+    )
+    with pytest.raises(UserError, match="mean.psnr"):
+        load_run(broken)
+
+
+def _write_metrics(
+    path: Path,
+    scene: str,
+    model: str,
+    psnr: float,
+    protocol: str = "gnt",
+    lpips_net: str = "vgg",
+    mtime: float | None = None,
+) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scores = {"psnr": psnr, "ssim": 0.5 + psnr / 100, "lpips": 0.3 - psnr / 200}
+    path.write_text(
+        json.dumps(
+            {
+                "scene": scene,
+                "model": model,
+                "split": "test",
+                "protocol": protocol,
+                "lpips_net": lpips_net,
+                "resolution": [378, 504],
+                "mean": scores,
+                "baseline": {"method": "nearest_train_image", "psnr": 15.0, "ssim": 0.4, "lpips": None},
+                "per_image": [],
+            }
+        )
+    )
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+
+
+def test_eight_scene_mean_duplicates_and_mixed_protocols(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    psnrs = {scene: 24.0 + i for i, scene in enumerate(LLFF_SCENES)}
+    for scene, psnr in psnrs.items():
+        _write_metrics(runs / scene / "pola_gnt" / "new" / "metrics.json", scene, "pola_gnt", psnr, mtime=2e9)
+    # An older run of the same (scene, model, protocol, LPIPS net): must be ignored.
+    _write_metrics(runs / "fern" / "pola_gnt" / "old" / "metrics.json", "fern", "pola_gnt", 10.0, mtime=1e9)
+    # Another protocol for one scene: its own group, and a warning.
+    _write_metrics(
+        runs / "fern" / "gnt" / "std" / "metrics.json", "fern", "gnt", 20.0, protocol="standard", lpips_net="alex"
+    )
+
+    rows = write_report([runs], tmp_path / "out")
+
+    pola_runs = [r for r in rows if r.kind == "run" and r.model == "pola_gnt"]
+    assert [r.scene for r in pola_runs] == list(LLFF_SCENES)
+    assert next(r for r in pola_runs if r.scene == "fern").scores["psnr"] == psnrs["fern"]
+    (pola_mean,) = [r for r in rows if r.kind == "mean" and r.model == "pola_gnt"]
+    assert pola_mean.scene == "LLFF 8-scene mean" and pola_mean.n_scenes == 8
+    assert pola_mean.scores["psnr"] == pytest.approx(statistics.fmean(psnrs.values()))
+    assert pola_mean.baseline["lpips"] is None  # a missing value is never averaged over fewer scenes
+    (gnt_mean,) = [r for r in rows if r.kind == "mean" and r.model == "gnt"]
+    assert gnt_mean.scene == "mean (1 scene)" and gnt_mean.protocol == "standard"
+
+    stderr = capsys.readouterr().err
+    assert stderr.count("warning:") == 1 and "protocols (gnt, standard)" in stderr
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "old/metrics.json" in markdown and "(newest)" in markdown
+    assert "| **pola_gnt** | **LLFF 8-scene mean** | **27.50** |" in markdown
+    assert "| gnt | fern | 20.00 |" in markdown and "| standard | alex |" in markdown
 
 
 # ------------------------------------------------------------------------------------------------
@@ -266,21 +288,3 @@ def test_multirun_trains_every_model_and_the_report_pairs_them(tmp_path, tiny_ru
     )
     assert float(difference["psnr_mean"]) == pytest.approx(expected)
     assert "### pola_gnt − gnt, paired by scene and seed" in result.stdout
-
-
-def test_time_budget_stops_training_and_is_labelled(tmp_path):
-    result = run_in_process(
-        "train",
-        *TINY_OVERRIDES,
-        "trainer.max_steps=100000",
-        "trainer.max_time=00:00:00:02",
-        "trainer.val_check_interval=1000",
-        "output.save_images=false",
-        f"hydra.run.dir={tmp_path}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    document = json.loads((tmp_path / "metrics.json").read_text())
-    assert document["budget"]["kind"] == "time" and document["budget"]["label"] == "2 s wall time"
-    training = document["training"]
-    assert training["stopped_by"] == "max_time" and 2.0 <= training["wall_time_s"] < 60
-    assert 1 <= training["steps"] == document["global_step"] < 100000

@@ -7,21 +7,26 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import TINY_OVERRIDES
-from helpers import assert_one_error_line, run_in_process, run_module
+from helpers import (
+    CONFIG_DIR,
+    TINY_OVERRIDES,
+    assert_one_error_line,
+    run_in_process,
+    run_module,
+    scene_and_data,
+    system_of,
+    train_in_process,
+)
 from hydra import compose, initialize_config_dir
 from lightning_fabric.utilities.apply_func import move_data_to_device
 from lightning_utilities.core.apply_func import apply_to_collection
-from omegaconf import OmegaConf
 
 from pola_gnt.data.batches import RayBatch
 from pola_gnt.data.datamodule import TrainSteps
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.evaluation.metrics import mse_to_psnr
 from pola_gnt.geometry.rays import Rays
-from pola_gnt.runs.hydra_app import CONFIG_DIR
-from pola_gnt.runs.system import GNTSystem
-from pola_gnt.train import train
+from pola_gnt.runs.config.read import read_run_settings
 
 
 def compose_config(*overrides: str):
@@ -48,8 +53,8 @@ def test_real_configs_compose(model, experiment):
 
 @pytest.mark.parametrize("model", ["pola_gnt", "gnt"])
 def test_one_step_run_per_model(model, tmp_path):
-    cfg = compose_config(f"model={model}", *TINY_OVERRIDES, "+trainer.fast_dev_run=1")
-    document = train(cfg, tmp_path)
+    cfg = compose_config(f"model={model}", *TINY_OVERRIDES, "trainer.fast_dev_run=1")
+    document = train_in_process(cfg, tmp_path)
     assert document["model"] == model and len(document["per_image"]) == 1  # fast_dev_run: one test batch
     assert all(isinstance(document["mean"][k], float) for k in ("psnr", "ssim"))
     assert (tmp_path / "metrics.json").is_file() and (tmp_path / "metrics.csv").is_file()
@@ -60,9 +65,9 @@ def test_overfit_one_batch(model):
     """The loss falls and PSNR rises far above the untrained model's on a fixed batch."""
     torch.manual_seed(0)
     cfg = compose_config(f"model={model}", *TINY_OVERRIDES, "data.rays_per_step=256")
-    scene = load_scene(cfg.scene, cfg.data)
-    batch = TrainSteps(scene, cfg.data, cfg.render.n_samples, n_steps=1, seed=0, rank=0)[0]
-    system = GNTSystem(OmegaConf.to_container(cfg, resolve=True))
+    scene = load_scene(*scene_and_data(cfg))
+    batch = TrainSteps(scene, read_run_settings(cfg).data, n_steps=1, seed=0, rank=0)[0]
+    system = system_of(cfg)
     optimizer = system.configure_optimizers()["optimizer"]
     losses = []
     for _ in range(120):
@@ -78,25 +83,25 @@ def test_overfit_one_batch(model):
 
 def test_ranks_and_steps_draw_different_rays():
     cfg = compose_config(*TINY_OVERRIDES)
-    scene = load_scene(cfg.scene, cfg.data)
-    steps = {rank: TrainSteps(scene, cfg.data, cfg.render.n_samples, 10, seed=0, rank=rank) for rank in (0, 1)}
+    scene = load_scene(*scene_and_data(cfg))
+    steps = {rank: TrainSteps(scene, read_run_settings(cfg).data, 10, seed=0, rank=rank) for rank in (0, 1)}
     rank_0, rank_1 = steps[0][3].rays, steps[1][3].rays
     assert not torch.equal(rank_0.origins + rank_0.directions, rank_1.origins + rank_1.directions)
     assert not torch.equal(steps[0][3].rgb, steps[0][4].rgb)
-    assert torch.equal(steps[0][3].depths, steps[0][3].depths)  # a step's batch is reproducible
-    assert torch.equal(steps[1][5].rgb, TrainSteps(scene, cfg.data, cfg.render.n_samples, 10, seed=0, rank=1)[5].rgb)
+    again = TrainSteps(scene, read_run_settings(cfg).data, 10, seed=0, rank=1)[5]  # a step's batch is reproducible
+    assert torch.equal(steps[1][5].rgb, again.rgb) and steps[1][5].sample_seed == again.sample_seed
+    assert len({steps[rank][step].sample_seed for rank in (0, 1) for step in (3, 4)}) == 4  # the model's jitter too
 
 
 def test_lightning_moves_every_tensor_of_a_typed_batch():
     """Lightning's device transfer walks the batch dataclasses, the `Rays` and the sources included."""
     cfg = compose_config(*TINY_OVERRIDES, "data.crop=[40,60]")
-    scene = load_scene(cfg.scene, cfg.data)
-    batch = TrainSteps(scene, cfg.data, cfg.render.n_samples, 2, seed=0, rank=0)[1]
+    scene = load_scene(*scene_and_data(cfg))
+    batch = TrainSteps(scene, read_run_settings(cfg).data, 2, seed=0, rank=0)[1]
     moved = apply_to_collection(batch, torch.Tensor, lambda tensor: tensor.double())
     tensors = {
         "rays.origins": moved.rays.origins,
         "rays.directions": moved.rays.directions,
-        "depths": moved.depths,
         "rgb": moved.rgb,
         "sources.images": moved.sources.images,
         "sources.c2w": moved.sources.c2w,
@@ -178,8 +183,8 @@ def test_model_compile_compiles_the_network_in_place():
     """`model.compile=true` wraps the network in torch.compile without renaming its parameters, so
     checkpoints load into an eager or a compiled network alike (the compilation itself happens on the
     first call: `test_compiled_network_matches_eager`, slow)."""
-    eager = GNTSystem(OmegaConf.to_container(compose_config(*TINY_OVERRIDES), resolve=True))
-    compiled = GNTSystem(OmegaConf.to_container(compose_config(*TINY_OVERRIDES, "model.compile=true"), resolve=True))
+    eager = system_of(compose_config(*TINY_OVERRIDES))
+    compiled = system_of(compose_config(*TINY_OVERRIDES, "model.compile=true"))
     assert compiled.net._compiled_call_impl is not None and eager.net._compiled_call_impl is None
     assert compiled.state_dict().keys() == eager.state_dict().keys()
 
@@ -189,12 +194,12 @@ def test_compiled_network_matches_eager():
     """The compiled Pola-GNT network (the fused CPU kernels traced through their fake implementations)
     gives the eager network's colours and gradients on a training batch. Minutes: the compilation."""
     cfg = compose_config(*cfg_overrides(False))
-    scene = load_scene(cfg.scene, cfg.data)
-    batch = TrainSteps(scene, cfg.data, cfg.render.n_samples, n_steps=1, seed=0, rank=0)[0]
+    scene = load_scene(*scene_and_data(cfg))
+    batch = TrainSteps(scene, read_run_settings(cfg).data, n_steps=1, seed=0, rank=0)[0]
     results = []
     for compile_network in (False, True):
         torch.manual_seed(0)
-        system = GNTSystem(OmegaConf.to_container(compose_config(*cfg_overrides(compile_network)), resolve=True))
+        system = system_of(compose_config(*cfg_overrides(compile_network)))
         output = system.render_batch(batch)
         F.mse_loss(output.rgb, batch.rgb).backward()
         results.append((output.rgb.detach(), {n: p.grad for n, p in system.named_parameters() if p.grad is not None}))

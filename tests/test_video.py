@@ -10,7 +10,7 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 import torch
-from helpers import assert_one_error_line, run_in_process, run_module
+from helpers import assert_one_error_line, compose_config, run_in_process, run_module, scene_and_data, system_of
 from omegaconf import OmegaConf
 
 from pola_gnt.core.errors import UserError
@@ -21,9 +21,10 @@ from pola_gnt.data.scenes import load_scene
 from pola_gnt.evaluation.metrics import mse_to_psnr
 from pola_gnt.geometry.camera_paths import focus_depth, interpolate_path, spiral_path
 from pola_gnt.model.renderer import RenderedImage, render_image
-from pola_gnt.render_video import DEPTH_VIDEO, RGB_VIDEO, VideoSettings, frame_source_views, write_videos
-from pola_gnt.runs.checkpoints import read_checkpoint, stored_run_config
-from pola_gnt.runs.system import GNTSystem
+from pola_gnt.render_video import DEPTH_VIDEO, RGB_VIDEO, frame_source_views, write_videos
+from pola_gnt.runs.checkpoints import read_checkpoint
+from pola_gnt.runs.config.read import read_video_settings
+from pola_gnt.runs.config.stored import stored_run_config
 
 VIDEO_FACTOR = 64  # the demo scene at 63 x 47: fast, and odd sides exercise the even padding
 VIDEO_FRAMES = 5
@@ -32,10 +33,7 @@ VIDEO_FPS = 12
 
 @pytest.fixture(scope="module")
 def scene():
-    return load_scene(
-        OmegaConf.create({"name": "demo", "kind": "demo", "path": None}),
-        OmegaConf.create({"root": None, "factor": 32, "llffhold": 8}),
-    )
+    return load_scene(*scene_and_data(compose_config("data.factor=32")))
 
 
 def assert_rotations(c2w: torch.Tensor) -> None:
@@ -106,12 +104,13 @@ def test_bad_video_settings_name_their_key(key, value):
             "radius_scale": 1.0,
             "closed": False,
             "crf": 18,
+            "scale": 1.0,
         }
     )
-    assert VideoSettings.from_config(video).frames == 120
+    assert read_video_settings(video).frames == 120
     video[key] = value
     with pytest.raises(UserError, match=f"video.{key}"):
-        VideoSettings.from_config(video)
+        read_video_settings(video)
 
 
 # ---- writing and rendering videos -------------------------------------------------------------
@@ -186,7 +185,7 @@ def test_first_frame_matches_a_direct_render(tiny_runs, tiny_video):
     checkpoint_path = tiny_runs["pola_gnt"] / "checkpoints" / "last.ckpt"
     checkpoint = read_checkpoint(checkpoint_path)
     config = stored_run_config(checkpoint, checkpoint_path)
-    system = GNTSystem(OmegaConf.to_container(config))
+    system = system_of(config)
     system.load_state_dict(checkpoint["state_dict"])
     net = system.net.eval()
     scene = load_llff_scene(demo_scene_dir(), factor=VIDEO_FACTOR, llffhold=config.data.llffhold)
@@ -204,7 +203,7 @@ def test_first_frame_matches_a_direct_render(tiny_runs, tiny_video):
         width,
         sources,
         scene.depth_range,
-        config.render.n_samples,
+        system.sampler,
         config.render.chunk_rays,
     )
     _, frames = read_video(tiny_video / RGB_VIDEO)

@@ -44,7 +44,7 @@ class TrainSteps(Dataset[RayBatch]):
 
     def __init__(self, scene: Scene, data: DataSettings, n_steps: int, seed: int, rank: int):
         self.scene = scene
-        self.cfg = data
+        self.data = data
         self.n_steps = n_steps
         self.seed = seed
         self.rank = rank
@@ -54,24 +54,24 @@ class TrainSteps(Dataset[RayBatch]):
 
     def __getitem__(self, step: int) -> RayBatch:
         rng = np.random.default_rng([self.seed, self.rank, step])
-        scene, cfg = self.scene, self.cfg
+        scene, data = self.scene, self.data
         target = int(rng.choice(scene.train_ids))
         centers = scene.cameras.centers
-        if cfg.random_source_views:
+        if data.random_source_views:
             source_ids = random_training_views(
-                centers[target], centers, scene.train_ids, cfg.num_source_views, target, rng
+                centers[target], centers, scene.train_ids, data.num_source_views, target, rng
             )
         else:
-            source_ids = nearest_views(centers[target], centers, scene.train_ids, cfg.num_source_views, exclude=target)
+            source_ids = nearest_views(centers[target], centers, scene.train_ids, data.num_source_views, exclude=target)
         sources = source_batch(scene, source_ids)
         intrinsics = scene.cameras.intrinsics[target].clone()
         image = scene.images[target]  # [H, W, 3]
         window = self._crop_window((int(image.shape[0]), int(image.shape[1])), rng)
         if window is not None:
             sources, intrinsics, image = crop_views(sources, intrinsics, image, window)
-        n_rays = cfg.rays_per_step
-        if cfg.scale_rays_with_views:  # GNT: rays x views about constant
-            n_rays = scaled_ray_count(n_rays, cfg.num_source_views, len(source_ids))
+        n_rays = data.rays_per_step
+        if data.scale_rays_with_views:  # GNT: rays x views about constant
+            n_rays = scaled_ray_count(n_rays, data.num_source_views, len(source_ids))
         height, width = image.shape[:2]
         chosen = torch.from_numpy(rng.choice(height * width, size=min(n_rays, height * width), replace=False))
         rays = pixel_rays(scene.cameras.c2w[target], intrinsics, pixel_coordinates(chosen, width))
@@ -88,13 +88,13 @@ class TrainSteps(Dataset[RayBatch]):
     def _crop_window(self, image_size: tuple[int, int], rng: np.random.Generator) -> tuple[int, int, int, int] | None:
         """This step's crop `(top, left, height, width)`: `data.crop`'s fixed size or GNT's random size
         (`data.random_crop`) at a random place; None for the whole image."""
-        cfg = self.cfg
-        if cfg.crop:
-            crop_h, crop_w = (int(x) for x in cfg.crop)
+        data = self.data
+        if data.crop:
+            crop_h, crop_w = (int(x) for x in data.crop)
             height, width = image_size
             return int(rng.integers(height - crop_h + 1)), int(rng.integers(width - crop_w + 1)), crop_h, crop_w
-        if cfg.random_crop is not None:
-            return draw_crop(rng, cfg.random_crop.heights, cfg.random_crop.area, image_size)
+        if data.random_crop is not None:
+            return draw_crop(rng, data.random_crop.heights, data.random_crop.area, image_size)
         return None
 
 
@@ -161,18 +161,18 @@ class ValidationRays(Dataset[RayBatch]):
         self.batch = self._build(scene, data, seed)
 
     @staticmethod
-    def _build(scene: Scene, cfg: DataSettings, seed: int) -> RayBatch:
+    def _build(scene: Scene, data: DataSettings, seed: int) -> RayBatch:
         view = scene.test_ids[0] if scene.test_ids else scene.train_ids[0]
         height, width = scene.resolution
         generator = torch.Generator().manual_seed(seed)
-        chosen = torch.randperm(height * width, generator=generator)[: cfg.val_rays]
+        chosen = torch.randperm(height * width, generator=generator)[: data.val_rays]
         rays = pixel_rays(scene.cameras.c2w[view], scene.cameras.intrinsics[view], pixel_coordinates(chosen, width))
         return RayBatch(
             view=view,
             rays=rays,
             depth_range=scene.depth_range,
             rgb=scene.images[view].reshape(-1, 3)[chosen],
-            sources=source_batch(scene, eval_source_ids(scene, view, cfg.num_source_views)),
+            sources=source_batch(scene, eval_source_ids(scene, view, data.num_source_views)),
         )
 
     def __len__(self) -> int:

@@ -1,6 +1,6 @@
 """Image-quality metrics for novel-view synthesis: PSNR, SSIM and LPIPS (real weights only).
 
-Protocol (`../shared/docs/metrics_protocol.md`):
+Protocol (`docs/metrics_protocol.md`):
 - PSNR `-10 log10(MSE)` per image.
 - SSIM as TensorFlow's `tf.image.ssim` (NeRF, IBRNet): Gaussian window 11, sigma 1.5, k1 0.01,
   k2 0.03, data range 1, "valid" filtering, mean of the map. `padding="same"` zero-pads instead,
@@ -47,7 +47,7 @@ from pola_gnt.core.paths import LPIPS_WEIGHTS_ENV
 from pola_gnt.data.images import read_image as read_rgb8
 
 LPIPS_NETS = ("alex", "vgg")
-PROTOCOLS = ("standard", "gnt")  # standard, or GNT-compatible (see metrics_protocol.md)
+PROTOCOLS = ("standard", "gnt")  # standard, or GNT-compatible (see docs/metrics_protocol.md)
 SSIM_PADDINGS = ("valid", "same")
 SSIM_WINDOW = 11
 LOGGED_MIN_MSE = 1e-10  # training / validation PSNR and the analysis' ray PSNR stop at 100 dB

@@ -138,7 +138,7 @@ def mean_scores(rows: list[dict], names: tuple[str, ...] = METRIC_NAMES) -> dict
 
 
 def metrics_document(header: dict, results: list[ViewResult]) -> dict:
-    """The `metrics.json` content (interface.md): header, mean, baseline, per-image rows. Strict JSON:
+    """The `metrics.json` content (docs/interface.md): header, mean, baseline, per-image rows. Strict JSON:
     a non-finite score is `null`, and `null_reasons` says which and why."""
     results = sorted(results, key=lambda r: r.index)
     reasons: dict[str, str] = {}

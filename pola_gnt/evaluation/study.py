@@ -46,7 +46,7 @@ UNKNOWN_CONDITION = "budget n/a"
 
 @dataclass(frozen=True)
 class Reference:
-    """A published 8-scene LLFF average (docs: gnt_reference.md, "Published figures")."""
+    """A published 8-scene LLFF average (docs/gnt_reference.md, "Published figures")."""
 
     label: str
     psnr: float
@@ -135,7 +135,7 @@ def _scores(section, where: str) -> dict[str, float | None]:
 
 
 def load_run(path: Path) -> Row:
-    """The scene-mean row of one `metrics.json` (interface.md format)."""
+    """The scene-mean row of one `metrics.json` (docs/interface.md format)."""
     try:
         document = json.loads(path.read_text())
         if not isinstance(document, dict):

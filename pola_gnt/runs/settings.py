@@ -34,7 +34,7 @@ class TrainerSettings:
     """Lightning's `Trainer` arguments (`conf/trainer/*.yaml`), checked; `max_time` in seconds."""
 
     accelerator: str
-    devices: int | str
+    devices: int | str | list[int]  # a count, -1 or auto, or the device indices
     num_nodes: int
     strategy: str
     precision: str
@@ -47,6 +47,7 @@ class TrainerSettings:
     use_distributed_sampler: bool
     enable_model_summary: bool
     num_sanity_val_steps: int
+    fast_dev_run: bool | int  # a quick check of the code: that many batches of each loop, nothing saved
 
     def check_device(self, key: str = "trainer.accelerator") -> None:
         """A CUDA trainer (`trainer=gpu`, `experiment=paper`) on a machine without one: one line."""
@@ -74,6 +75,7 @@ class TrainerSettings:
             "use_distributed_sampler": self.use_distributed_sampler,
             "enable_model_summary": self.enable_model_summary,
             "num_sanity_val_steps": self.num_sanity_val_steps,
+            "fast_dev_run": self.fast_dev_run,
         }
 
 

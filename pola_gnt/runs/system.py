@@ -105,8 +105,8 @@ class GNTSystem(pl.LightningModule):
 
     def _fit_timer(self) -> Timer | None:
         """The Timer of a fit in this process (None under eval, whose trainer has none)."""
-        trainer = self._trainer
-        timers = [callback for callback in (trainer.callbacks if trainer else []) if isinstance(callback, Timer)]
+        callbacks = getattr(self._trainer, "callbacks", None) or []
+        timers = [callback for callback in callbacks if isinstance(callback, Timer)]
         return timers[0] if timers and timers[0].start_time("train") is not None else None
 
     def training_summary(self, global_step: int) -> tuple[RunSettings, dict, dict]:

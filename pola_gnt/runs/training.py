@@ -156,9 +156,7 @@ def _fit_and_test(
     except Interrupted as err:
         raise _stopped_by_signal(err.signum, phase, trainer, run_dir, last, overrides) from None
     except SIGTERMException:  # Lightning's own SIGTERM handling (it would exit 0), and DDP stops
-        raise _stopped_by_signal(
-            signals.received or signal.SIGTERM, phase, trainer, run_dir, last, overrides
-        ) from None
+        raise _stopped_by_signal(signals.received or signal.SIGTERM, phase, trainer, run_dir, last, overrides) from None
     except NonFiniteError as err:
         raise _diverged(err, run_dir, overrides) from None
     except RuntimeError as err:

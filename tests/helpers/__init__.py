@@ -7,15 +7,21 @@ Import from tests as `from helpers import ...` (pytest puts `tests/` on `sys.pat
 
 from helpers.commands import CHILD_PROCESSES, CommandResult, assert_one_error_line, run_in_process, run_module
 from helpers.config import (
+    CONFIG_DIR,
     TINY_OVERRIDES,
     compose_config,
     net_settings,
     process_data_settings,
     run_settings,
+    scene_and_data,
+    settings_of,
+    system_of,
+    train_in_process,
 )
 
 __all__ = [
     "CHILD_PROCESSES",
+    "CONFIG_DIR",
     "TINY_OVERRIDES",
     "CommandResult",
     "assert_one_error_line",
@@ -25,4 +31,8 @@ __all__ = [
     "run_in_process",
     "run_module",
     "run_settings",
+    "scene_and_data",
+    "settings_of",
+    "system_of",
+    "train_in_process",
 ]

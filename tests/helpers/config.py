@@ -3,19 +3,25 @@ typed settings by `pola_gnt.runs.config`; the tiny pipeline every training test 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from pola_gnt.core.paths import PROJECT_ROOT
-from pola_gnt.data.settings import ProcessDataSettings
+from pola_gnt.data.settings import DataSettings, ProcessDataSettings, SceneSettings
 from pola_gnt.model.settings import NetSettings
 from pola_gnt.runs.config.app import register_resolvers
 from pola_gnt.runs.config.read import read_process_data_settings, read_run_settings
+from pola_gnt.runs.config.stored import checkpoint_to_resume, container_dict
 from pola_gnt.runs.settings import RunSettings
+from pola_gnt.runs.system import GNTSystem
+from pola_gnt.runs.training import train
 
 CONFIG_DIR = str(PROJECT_ROOT / "conf")
+register_resolvers()  # the tests compose configs outside the entry points
 
 # A tiny, fast configuration of the full pipeline (demo scene at 126x94, narrow model), for tests
 # that need a trained run or checkpoint. Keep in one place so every test trains the same way.
@@ -46,9 +52,9 @@ def run_settings(*overrides: str) -> RunSettings:
     return read_run_settings(compose_config(*overrides))
 
 
-def net_settings(*overrides: str, **values) -> NetSettings:
-    """`model.net` of the composed config (`model=gnt` etc. as overrides), with `values` replaced."""
-    return replace(run_settings(*overrides).model.net, **values)
+def net_settings(model: str = "pola_gnt", **values) -> NetSettings:
+    """`model.net` of `conf/model/<model>.yaml` as it stands (no experiment's changes), with `values` replaced."""
+    return replace(run_settings(f"model={model}", "experiment=standard", "trainer=cpu").model.net, **values)
 
 
 def process_data_settings(**values) -> ProcessDataSettings:
@@ -56,3 +62,24 @@ def process_data_settings(**values) -> ProcessDataSettings:
     config = OmegaConf.load(PROJECT_ROOT / "conf" / "process_data.yaml")
     config.merge_with(values)
     return read_process_data_settings(config)
+
+
+def settings_of(cfg: DictConfig) -> RunSettings:
+    return read_run_settings(cfg)
+
+
+def scene_and_data(cfg: DictConfig) -> tuple[SceneSettings, DataSettings]:
+    """`load_scene`'s arguments for a composed config."""
+    settings = read_run_settings(cfg)
+    return settings.scene, settings.data
+
+
+def system_of(cfg: DictConfig) -> GNTSystem:
+    """A fresh `GNTSystem` for a composed config, as `train` builds it."""
+    return GNTSystem(read_run_settings(cfg), container_dict(cfg))
+
+
+def train_in_process(cfg: DictConfig, run_dir, overrides: Sequence[str] = ()) -> dict | None:
+    """`python -m pola_gnt.train` on a composed config, in this process (no Hydra run)."""
+    settings, run_dir = read_run_settings(cfg), Path(run_dir)
+    return train(settings, container_dict(cfg), run_dir, checkpoint_to_resume(cfg, run_dir), overrides)

@@ -21,7 +21,6 @@ from omegaconf import DictConfig, OmegaConf
 from pola_gnt.core.errors import exit_on_user_error
 from pola_gnt.core.paths import PROJECT_ROOT
 from pola_gnt.data.scenes import MISSING_SCENE_NAME
-from pola_gnt.runs.settings import TrainerSettings
 
 CONFIG_DIR = str(PROJECT_ROOT / "conf")
 CONFIG_NAME = "config"
@@ -89,7 +88,7 @@ def task_overrides() -> list[str]:
 PRECISION_NAMES = {"bf16-mixed": "bf16", "16-mixed": "fp16", "32-true": "fp32", "32": "fp32", "64-true": "fp64"}
 
 
-def device_line(trainer: TrainerSettings, *, with_experiment: bool = True) -> str:
+def device_line(cfg: DictConfig, *, with_experiment: bool = True) -> str:
     """One line saying where the command runs and why, e.g. `device: cuda (bf16; auto: GPU present),
     experiment: standard (auto: GPU present)`: the trainer and the experiment are chosen for the
     machine unless the command line (or, for the trainer, the experiment) names them."""
@@ -103,7 +102,7 @@ def device_line(trainer: TrainerSettings, *, with_experiment: bool = True) -> st
         choices, overrides = {}, []
     given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
     machine = "GPU present" if cuda else "no GPU"
-    accelerator = trainer.accelerator
+    accelerator = str(cfg.trainer.get("accelerator", "cpu"))
     device = "cuda" if accelerator in ("gpu", "cuda") or (accelerator == "auto" and cuda) else accelerator
     if "trainer" in given or any(key.startswith("trainer.accelerator") for key in given):
         why = "given"
@@ -111,17 +110,18 @@ def device_line(trainer: TrainerSettings, *, with_experiment: bool = True) -> st
         why = f"selected by experiment={choices.get('experiment')}"
     else:
         why = f"auto: {machine}"
-    precision = trainer.precision
+    precision = str(cfg.trainer.get("precision", "32-true"))
     line = f"device: {device} ({PRECISION_NAMES.get(precision, precision)}; {why})"
     if with_experiment and "experiment" in choices:
         line += f", experiment: {choices['experiment']} ({'given' if 'experiment' in given else f'auto: {machine}'})"
     return line
 
 
-def announce(trainer: TrainerSettings, *, with_experiment: bool = True) -> None:
-    """Print `device_line` once (rank 0 of a multi-process run)."""
+def announce(cfg: DictConfig, *, with_experiment: bool = True) -> None:
+    """Print `device_line` once (rank 0 of a multi-process run), before the config is checked: a
+    bad value then stops the command after the line."""
     if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") == "0":
-        print(device_line(trainer, with_experiment=with_experiment), flush=True)
+        print(device_line(cfg, with_experiment=with_experiment), flush=True)
 
 
 class RunFolderCheck(HydraCallback):
@@ -158,3 +158,13 @@ def _read_only(folder: Path) -> bool:
         return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
     except OSError:
         return False
+
+
+def compose_config(*overrides: str, config_name: str = CONFIG_NAME) -> DictConfig:
+    """`conf/<config_name>.yaml` with these command-line overrides, composed as a command composes it,
+    for code that runs outside an entry point (scripts, notebooks, tests)."""
+    from hydra import compose, initialize_config_dir
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))

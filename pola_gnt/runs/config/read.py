@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from pola_gnt.attention import RAY_ATTENTION_KINDS, VIEW_ATTENTION_KINDS
+from pola_gnt.attention.registry import RAY_ATTENTIONS, VIEW_ATTENTIONS
 from pola_gnt.core.errors import UserError, check_bool, check_choice, check_int, check_number, is_int
 from pola_gnt.data.colmap import CAMERA_MODELS, CAMERA_MODES, MATCHING
 from pola_gnt.data.scene import Scene
@@ -38,20 +38,37 @@ from pola_gnt.runs.settings import (
 
 MAX_SEED = 2**32 - 1  # numpy's and Lightning's seed range
 USAGE_PROCESS_DATA = "python -m pola_gnt.process_data input=PHOTO_DIR|VIDEO out=SCENE_DIR"
+# Keys of a stored config that are no settings: Hydra's `_target_` of configs from before the
+# settings objects (the network and the trainer are built from their settings now).
+IGNORED_KEYS = ("_target_",)
 _ABSENT = object()
 
 
 class ConfigReader:
-    """Reads the keys of one config section; every error names the full dotted key."""
+    """Reads the keys of one config section; every error names the full dotted key. It remembers
+    what was read, so that a key nothing reads (a typo given with `+`) is an error too (`check_all_read`)."""
 
     def __init__(self, node, prefix: str = ""):
         self.node, self.prefix = node, prefix
+        self.read: set[str] = set()
+        self.sections: list[ConfigReader] = []
 
     def key(self, name: str) -> str:
         return f"{self.prefix}.{name}" if self.prefix else name
 
+    def check_all_read(self, ignored: tuple[str, ...] = ()) -> None:
+        """A `UserError` for the first key of this section (or a section read from it) that nothing read."""
+        node = self.node
+        names = [str(name) for name in node] if isinstance(node, (Mapping, DictConfig)) else []
+        for name in names:
+            if name not in self.read and name not in ignored and name not in IGNORED_KEYS:
+                raise UserError(f"{self.key(name)}: not a config key (nothing reads it; check the name)")
+        for section in self.sections:
+            section.check_all_read()
+
     def value(self, name: str, nullable: bool = False) -> Any:
         """The raw value (containers as plain lists / dicts); null is None when `nullable`."""
+        self.read.add(name)
         node = self.node
         value = node.get(name, _ABSENT) if isinstance(node, (Mapping, DictConfig)) else _ABSENT
         if value is _ABSENT:
@@ -65,10 +82,13 @@ class ConfigReader:
         return value
 
     def section(self, name: str) -> ConfigReader:
+        self.read.add(name)
         node = self.node.get(name) if isinstance(self.node, (Mapping, DictConfig)) else None
         if not isinstance(node, (Mapping, DictConfig)):
             raise UserError(f"{self.key(name)}: must be a config section, got {node!r}")
-        return ConfigReader(node, self.key(name))
+        section = ConfigReader(node, self.key(name))
+        self.sections.append(section)
+        return section
 
     def int(self, name: str, minimum: int | None = 1, maximum: int | None = None, why: str = "") -> int:
         return check_int(self.value(name), self.key(name), minimum, maximum, why)
@@ -111,7 +131,7 @@ def read_run_settings(cfg: DictConfig | Mapping) -> RunSettings:
     ckpt_path = r.value("ckpt_path", nullable=True)
     if ckpt_path is not None and not isinstance(ckpt_path, str):
         raise UserError(f"ckpt_path: must be last or a checkpoint file, got {ckpt_path!r}")
-    return RunSettings(
+    settings = RunSettings(
         seed=seed,
         ckpt_path=ckpt_path,
         scene=_scene(r.section("scene")),
@@ -125,6 +145,8 @@ def read_run_settings(cfg: DictConfig | Mapping) -> RunSettings:
         analyze=_analyze(r.section("analyze")),
         video=_video(r.section("video")),
     )
+    r.check_all_read(ignored=("hydra",))
+    return settings
 
 
 def _scene(r: ConfigReader) -> SceneSettings:
@@ -215,8 +237,8 @@ def _model(r: ConfigReader) -> ModelSettings:
         name=str(r.value("name")),
         compile=r.bool("compile"),
         net=NetSettings(
-            view_attention=net.choice("view_attention", VIEW_ATTENTION_KINDS),
-            ray_attention=net.choice("ray_attention", RAY_ATTENTION_KINDS),
+            view_attention=net.choice("view_attention", tuple(VIEW_ATTENTIONS)),  # the registries' keys, as
+            ray_attention=net.choice("ray_attention", tuple(RAY_ATTENTIONS)),  # registered when read
             width=width,
             n_blocks=net.int("n_blocks"),
             heads=heads,
@@ -245,7 +267,9 @@ def _trainer(r: ConfigReader) -> TrainerSettings:
     if clip is not None:
         clip = check_number(clip, r.key("gradient_clip_val"), 0, low_open=False, why="or null")
     devices = r.value("devices")
-    if not ((is_int(devices) and devices >= 1) or devices == -1 or isinstance(devices, (str, list))):
+    count = is_int(devices) and (int(devices) >= 1 or int(devices) == -1)
+    indices = isinstance(devices, list) and all(is_int(d) and int(d) >= 0 for d in devices)
+    if not (count or indices or isinstance(devices, str)):
         raise UserError(f"{r.key('devices')}: must be a number of devices, -1, auto or a list, got {devices!r}")
     every_n_epochs = r.value("check_val_every_n_epoch", nullable=True)
     return TrainerSettings(
@@ -263,11 +287,29 @@ def _trainer(r: ConfigReader) -> TrainerSettings:
         use_distributed_sampler=r.bool("use_distributed_sampler"),
         enable_model_summary=r.bool("enable_model_summary"),
         num_sanity_val_steps=r.int("num_sanity_val_steps", minimum=0),
+        fast_dev_run=_fast_dev_run(r),
     )
+
+
+def _fast_dev_run(r: ConfigReader) -> bool | int:
+    value = r.value("fast_dev_run")
+    if isinstance(value, bool):
+        return value
+    return r.int("fast_dev_run", why="false, true, or a number of batches of each loop (a quick check of the code)")
+
+
+def read_analyze_settings(analyze: DictConfig | Mapping) -> AnalyzeSettings:
+    """The `analyze` section alone (checked before `analyze` reads the checkpoint)."""
+    return _analyze(ConfigReader(analyze, "analyze"))
 
 
 def _analyze(r: ConfigReader) -> AnalyzeSettings:
     return AnalyzeSettings(n_rays=r.int("n_rays"), test_view=r.int("test_view", minimum=0))
+
+
+def read_video_settings(video: DictConfig | Mapping) -> VideoSettings:
+    """The `video` section alone (render_video's options)."""
+    return _video(ConfigReader(video, "video"))
 
 
 def _video(r: ConfigReader) -> VideoSettings:
@@ -323,9 +365,7 @@ def check_scene(settings: RunSettings, scene: Scene) -> None:
     if max_rays > pixels:
         scaled = f" (up to {max_rays} with data.scale_rays_with_views)" if max_rays != data.rays_per_step else ""
         if key == "data.rays_per_step":
-            raise UserError(
-                f"{key}: {data.rays_per_step}{scaled} is more than the {pixels} pixels of a training image"
-            )
+            raise UserError(f"{key}: {data.rays_per_step}{scaled} is more than the {pixels} pixels of a training image")
         raise UserError(
             f"{key}: a {what} has {pixels} pixels, fewer than data.rays_per_step ({data.rays_per_step}{scaled})"
         )
@@ -354,7 +394,7 @@ def read_process_data_settings(cfg: DictConfig | Mapping) -> ProcessDataSettings
         if not value:
             raise UserError(f"{key}: required; usage: {USAGE_PROCESS_DATA}")
         paths[key] = str(value)
-    return ProcessDataSettings(
+    settings = ProcessDataSettings(
         input=paths["input"],
         out=paths["out"],
         frames=r.int("frames"),
@@ -370,3 +410,5 @@ def read_process_data_settings(cfg: DictConfig | Mapping) -> ProcessDataSettings
         deterministic=r.bool("deterministic"),
         progress=r.bool("progress"),
     )
+    r.check_all_read(ignored=("hydra",))
+    return settings

@@ -14,12 +14,9 @@ from omegaconf import Container, DictConfig, OmegaConf
 from pola_gnt.core.errors import UserError
 from pola_gnt.core.paths import PROJECT_ROOT
 from pola_gnt.runs.checkpoints import read_checkpoint, resolve_checkpoint, stored_config_dict
-from pola_gnt.runs.config.read import read_run_settings
+from pola_gnt.runs.config.read import IGNORED_KEYS, read_run_settings
 from pola_gnt.runs.settings import RunSettings
 
-# Keys of a stored config that are no settings: Hydra's `_target_` of configs from before the
-# settings objects (the network and the trainer are built from their settings now).
-IGNORED_KEYS = ("_target_",)
 _ABSENT = object()
 CONFIG_DIR = PROJECT_ROOT / "conf"
 GNT_PROTOCOL_LPIPS_NET = "vgg"  # GNT (like NeRF and IBRNet) reported LPIPS-VGG
@@ -90,6 +87,7 @@ def check_compatible(path: Path, cfg: DictConfig, stored: DictConfig) -> DictCon
 # the command line's config, so a GPU-trained checkpoint evaluates on a CPU and old checkpoints
 # render videos with today's video options.
 COMMAND_SECTIONS = ("trainer", "video", "analyze", "ckpt_path")
+
 
 def config_groups(config_dir: Path) -> set[str]:
     """Hydra's config groups of the project: the folders of the config directory (scene, model, ...)."""
