@@ -24,8 +24,8 @@ from pola_gnt.data.align import camera_errors, umeyama
 from pola_gnt.data.capture import prepare_capture, sharpness
 from pola_gnt.data.images import to_uint8
 from pola_gnt.data.llff import load_llff_scene, read_poses_bounds
+from pola_gnt.data.processing import process_data, training_factor, undistort_to_pinhole
 from pola_gnt.geometry.cameras import llff_to_opencv
-from pola_gnt.process_data import process_data, training_factor, undistort_to_pinhole
 
 pytest.importorskip("pycolmap")
 

@@ -21,10 +21,10 @@ from pola_gnt.data.scenes import load_scene
 from pola_gnt.evaluation.metrics import mse_to_psnr
 from pola_gnt.geometry.camera_paths import focus_depth, interpolate_path, spiral_path
 from pola_gnt.model.renderer import RenderedImage, render_image
-from pola_gnt.render_video import DEPTH_VIDEO, RGB_VIDEO, frame_source_views, write_videos
 from pola_gnt.runs.checkpoints import read_checkpoint
 from pola_gnt.runs.config.read import read_video_settings
 from pola_gnt.runs.config.stored import stored_run_config
+from pola_gnt.runs.video import DEPTH_VIDEO, RGB_VIDEO, frame_source_views, write_videos
 
 VIDEO_FACTOR = 64  # the demo scene at 63 x 47: fast, and odd sides exercise the even padding
 VIDEO_FRAMES = 5

@@ -60,6 +60,8 @@ def net_settings(model: str = "pola_gnt", **values) -> NetSettings:
 def process_data_settings(**values) -> ProcessDataSettings:
     """`conf/process_data.yaml`'s settings with `values` set (`input` and `out` at least)."""
     config = OmegaConf.load(PROJECT_ROOT / "conf" / "process_data.yaml")
+    for key in ("defaults", "hydra"):  # Hydra's, not the command's (a composed config has neither)
+        config.pop(key)
     config.merge_with(values)
     return read_process_data_settings(config)
 
