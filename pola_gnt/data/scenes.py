@@ -24,36 +24,36 @@ def data_root(data: DataSettings) -> Path:
     return Path(data.root).expanduser() if data.root else default_data_root()
 
 
-def scene_dir(scene_cfg: SceneSettings, data_cfg: DataSettings) -> Path:
+def scene_dir(scene_settings: SceneSettings, data: DataSettings) -> Path:
     """`scene.path` if given, else `data.root/scene.name` (the demo scene lives in `data/demo`)."""
-    if scene_cfg.path:
-        return Path(scene_cfg.path).expanduser()
-    if scene_cfg.kind == "demo":
+    if scene_settings.path:
+        return Path(scene_settings.path).expanduser()
+    if scene_settings.kind == "demo":
         return demo_scene_dir()
-    if scene_cfg.name == MISSING_SCENE_NAME:
+    if scene_settings.name == MISSING_SCENE_NAME:
         raise UserError("scene=llff needs scene.path=DIR (or scene.name=NAME under data.root)")
-    return data_root(data_cfg) / scene_cfg.name
+    return data_root(data) / scene_settings.name
 
 
-def load_scene(scene_cfg: SceneSettings, data_cfg: DataSettings) -> Scene:
-    if scene_cfg.kind not in SCENE_KINDS:
-        raise UserError(f"scene.kind: unknown value {scene_cfg.kind!r}; expected one of {', '.join(SCENE_KINDS)}")
-    path = scene_dir(scene_cfg, data_cfg)
-    if scene_cfg.kind == "demo":
-        ensure_demo_scene(path, factor=data_cfg.factor)
+def load_scene(scene_settings: SceneSettings, data: DataSettings) -> Scene:
+    if scene_settings.kind not in SCENE_KINDS:
+        raise UserError(f"scene.kind: unknown value {scene_settings.kind!r}; expected one of {', '.join(SCENE_KINDS)}")
+    path = scene_dir(scene_settings, data)
+    if scene_settings.kind == "demo":
+        ensure_demo_scene(path, factor=data.factor)
     elif not path.is_dir():
         raise UserError(
             f"{path}: scene folder not found (set data.root=DIR or $POLA_GNT_DATA to the folder holding "
             f"the LLFF scenes; see data/README.md)"
         )
-    return load_llff_scene(path, factor=data_cfg.factor, llffhold=data_cfg.llffhold, name=scene_cfg.name)
+    return load_llff_scene(path, factor=data.factor, llffhold=data.llffhold, name=scene_settings.name)
 
 
-def exact_depth_source(scene_cfg: SceneSettings, scene: Scene) -> Callable[[int], Tensor] | None:
+def exact_depth_source(scene_settings: SceneSettings, scene: Scene) -> Callable[[int], Tensor] | None:
     """For the demo scene, `view -> [H, W]` float64 exact camera z-depth at the pixel centres, in the
     loaded (normalised) scene's units, the renderer's: the demo's own depth times `scene.scale` (the
     normalisation is a similarity: that scale, then a rigid recentring). None for other scenes."""
-    if scene_cfg.kind != "demo":
+    if scene_settings.kind != "demo":
         return None
 
     def exact_depth(view: int) -> Tensor:

@@ -28,6 +28,7 @@ from pola_gnt.data.scene import Scene
 from pola_gnt.data.source_views import nearest_views
 from pola_gnt.evaluation.depth_metrics import DEPTH_METRICS, best_constant_errors, depth_errors
 from pola_gnt.evaluation.metrics import ImageMetrics
+from pola_gnt.evaluation.settings import MetricsSettings
 
 METRIC_NAMES = ("psnr", "ssim", "lpips")
 BASELINE_METHOD = "nearest_train_image"
@@ -48,12 +49,12 @@ def protocol_stride(protocol: str) -> int:
     return 2 if protocol == "gnt" else 1
 
 
-def build_image_metrics(metrics_cfg) -> ImageMetrics:
+def build_image_metrics(metrics: MetricsSettings) -> ImageMetrics:
     return ImageMetrics.for_protocol(
-        metrics_cfg.protocol,
-        lpips_net=metrics_cfg.lpips_net,
-        lpips_weights=metrics_cfg.lpips_weights,
-        quantize_8bit=metrics_cfg.quantize_8bit,
+        metrics.protocol,
+        lpips_net=metrics.lpips_net,
+        lpips_weights=metrics.lpips_weights,
+        quantize_8bit=metrics.quantize_8bit,
     )
 
 
