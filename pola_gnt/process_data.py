@@ -1,17 +1,8 @@
 """`python -m pola_gnt.process_data input=PHOTO_DIR|VIDEO out=SCENE_DIR [key=value ...]`
 
-Turns a capture (a folder of photos or a video) into a scene in the LLFF layout with COLMAP
-(pycolmap), ready for `python -m pola_gnt.train scene=llff scene.path=SCENE_DIR`:
-
-- `images/` (undistorted to a pinhole camera, principal point at the centre, full size; one
-  bicubic resampling of each photo),
-  `images_4/`, `images_8/` (area filter, as the loader builds them),
-- `poses_bounds.npy` (N x 17: LLFF's `[down, right, back | t | h w f]` and near/far per view from
-  the 0.1 / 99.9 percentiles of the depths of the points the view sees), registered views only,
-- `colmap/sparse/0/` (COLMAP's model, before undistortion), `process_data.json` (summary).
-
-Everything is written into a hidden temporary folder next to `out` and renamed into place at the
-end, so a failure or Ctrl-C never leaves half a scene. Options: conf/process_data.yaml.
+A capture (a folder of photos or a video) -> a scene in the LLFF layout, ready for
+`python -m pola_gnt.train scene=llff scene.path=SCENE_DIR`; what is written and how:
+`pola_gnt.data.processing`. Options: conf/process_data.yaml.
 """
 
 from __future__ import annotations

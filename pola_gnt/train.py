@@ -1,12 +1,8 @@
 """`python -m pola_gnt.train [scene=NAME] [model=pola_gnt|gnt] [experiment=quick|paper] ...`
 
 Fits the model with Lightning, then renders every held-out view and writes `metrics.json`,
-`metrics.csv` and the view PNGs into the run folder (`hydra.run.dir`).
-
-Reliability (docs/ARCHITECTURE.md, "Runs"): one run per folder (`run.lock`), exact resume from any
-step (`ckpt_path=last`), logs appended across resumes, SIGTERM / SIGINT save `last.ckpt` and print
-the command that resumes (exit 143 / 130), a NaN or infinity stops training before it is saved
-(exit 3), a full or read-only disk is one `error:` line with nothing half-written.
+`metrics.csv` and the view PNGs into the run folder (`hydra.run.dir`). The run itself, its resume,
+stops and disk errors: `pola_gnt.runs.training`.
 """
 
 from __future__ import annotations
@@ -50,8 +46,7 @@ def main(cfg: DictConfig) -> None:
     announce(cfg)
     settings = read_run_settings(cfg)  # every value checked before any work
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    checkpoint = checkpoint_to_resume(cfg, run_dir)
-    train(settings, container_dict(cfg), run_dir, checkpoint, task_overrides())
+    train(settings, container_dict(cfg), run_dir, checkpoint_to_resume(cfg, run_dir), task_overrides())
 
 
 if __name__ == "__main__":

@@ -9,8 +9,7 @@ from pathlib import Path
 import imageio.v3 as iio
 import pytest
 import torch
-from helpers import CONFIG_DIR, TINY_OVERRIDES, assert_one_error_line, run_in_process, run_module
-from hydra import compose, initialize_config_dir
+from helpers import CONFIG_DIR, TINY_OVERRIDES, assert_one_error_line, compose_config, run_in_process, run_module
 
 from pola_gnt.core.errors import UserError
 from pola_gnt.eval import evaluate
@@ -19,11 +18,6 @@ from pola_gnt.runs.config.stored import run_config_with_overrides, stored_run_co
 from pola_gnt.runs.trained_runs import load_trained_checkpoint
 
 METRICS = ("psnr", "ssim", "lpips")
-
-
-def compose_config(*overrides: str):
-    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
-        return compose("config", overrides=list(overrides))
 
 
 def last_checkpoint(run_dir: Path) -> Path:

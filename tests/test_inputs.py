@@ -9,8 +9,8 @@ from pathlib import Path
 import imageio.v3 as iio
 import numpy as np
 import pytest
-from helpers import CONFIG_DIR, TINY_OVERRIDES, assert_one_error_line, run_in_process, run_module, scene_and_data
-from hydra import compose, initialize_config_dir
+from helpers import TINY_OVERRIDES, assert_one_error_line, run_in_process, run_module, scene_and_data
+from helpers import compose_config as compose_run_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -29,8 +29,7 @@ HYPOTHESIS = settings(max_examples=60, deadline=None, suppress_health_check=[Hea
 
 
 def compose_config(*overrides: str):
-    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
-        return compose("config", overrides=[*TINY_OVERRIDES, *overrides])
+    return compose_run_config(*TINY_OVERRIDES, *overrides)
 
 
 # ---- config values -------------------------------------------------------------------------------

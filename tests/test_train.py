@@ -8,16 +8,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import (
-    CONFIG_DIR,
     TINY_OVERRIDES,
     assert_one_error_line,
+    compose_config,
     run_in_process,
     run_module,
     scene_and_data,
     system_of,
     train_in_process,
 )
-from hydra import compose, initialize_config_dir
 from lightning_fabric.utilities.apply_func import move_data_to_device
 from lightning_utilities.core.apply_func import apply_to_collection
 
@@ -27,11 +26,6 @@ from pola_gnt.data.scenes import load_scene
 from pola_gnt.evaluation.metrics import mse_to_psnr
 from pola_gnt.geometry.rays import Rays
 from pola_gnt.runs.config.read import read_run_settings
-
-
-def compose_config(*overrides: str):
-    with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
-        return compose("config", overrides=list(overrides))
 
 
 @pytest.mark.parametrize("experiment", ["quick", "paper"])

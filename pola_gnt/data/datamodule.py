@@ -213,23 +213,20 @@ class SceneDataModule(pl.LightningDataModule):
         self.data = data
         self.seed = seed
 
-    def _scene(self) -> Scene:
-        return self.scene
-
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
         if trainer is None:
             raise RuntimeError("SceneDataModule.train_dataloader: the training loader follows a trainer's steps")
-        dataset = TrainSteps(self._scene(), self.data, trainer.max_steps, self.seed, trainer.global_rank)
+        dataset = TrainSteps(self.scene, self.data, trainer.max_steps, self.seed, trainer.global_rank)
         return StepLoader(dataset, trainer)
 
     def val_dataloader(self) -> DataLoader:
-        dataset = ValidationRays(self._scene(), self.data, self.seed)
+        dataset = ValidationRays(self.scene, self.data, self.seed)
         return DataLoader(dataset, batch_size=None)
 
     def test_dataloader(self) -> DataLoader:
         # Each rank renders its share of the test views; results are gathered on rank 0.
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
-        scene = self._scene()
+        scene = self.scene
         views = scene.test_ids[rank::world]
         return DataLoader(TestViews(scene, views, self.data.num_source_views), batch_size=None)

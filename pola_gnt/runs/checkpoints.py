@@ -3,6 +3,7 @@ Pola-GNT checkpoint or whose weights do not fit. (The run config stored in one: 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -10,6 +11,14 @@ import torch
 from pola_gnt.core.errors import UserError
 
 CHECKPOINT_DIR = "checkpoints"
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a training run resumes from, and the global step it holds."""
+
+    path: Path
+    step: int
 
 
 def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> Path | None:

@@ -22,7 +22,13 @@ from pola_gnt.core.files import clean_temporaries, disk_error, is_disk_error
 from pola_gnt.data.datamodule import SceneDataModule
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.runs.callbacks import LastCheckpoint
-from pola_gnt.runs.checkpoints import CHECKPOINT_DIR, is_state_dict_mismatch, read_checkpoint, state_dict_mismatch
+from pola_gnt.runs.checkpoints import (
+    CHECKPOINT_DIR,
+    ResumePoint,
+    is_state_dict_mismatch,
+    read_checkpoint,
+    state_dict_mismatch,
+)
 from pola_gnt.runs.config.read import check_scene
 from pola_gnt.runs.guards import Interrupted, StopSignals
 from pola_gnt.runs.run_folder import NonFiniteError, RunLock
@@ -94,14 +100,14 @@ def _diverged(err: NonFiniteError, run_dir: Path, overrides: Sequence[str]) -> R
 
 
 def train(
-    settings: RunSettings, config: dict, run_dir: Path, checkpoint: Path | None, overrides: Sequence[str]
+    settings: RunSettings, config: dict, run_dir: Path, resume: ResumePoint | None, overrides: Sequence[str]
 ) -> dict | None:
     """Fit, test on the held-out views, and return the `metrics.json` document (None on the ranks
     other than 0, which do not write it). `config`: the run config as a plain dict, stored in the
-    checkpoints; `checkpoint`: the one to resume from (checked against the run's model), or None;
+    checkpoints; `resume`: the checkpoint to resume from (checked against the run's model), or None;
     `overrides`: the command line's, for the line that says how to resume."""
     settings.trainer.check_device()
-    resume_step = 0 if checkpoint is None else int(read_checkpoint(checkpoint).get("global_step", 0))
+    checkpoint, resume_step = (None, 0) if resume is None else (resume.path, resume.step)
     # The global rank, known before the trainer exists: Lightning keeps it on its `rank_zero_only`.
     rank_zero = getattr(rank_zero_only, "rank", 0) == 0
     lock = RunLock(run_dir)

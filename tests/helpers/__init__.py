@@ -14,7 +14,6 @@ from helpers.config import (
     process_data_settings,
     run_settings,
     scene_and_data,
-    settings_of,
     system_of,
     train_in_process,
 )
@@ -32,7 +31,6 @@ __all__ = [
     "run_module",
     "run_settings",
     "scene_and_data",
-    "settings_of",
     "system_of",
     "train_in_process",
 ]

@@ -7,13 +7,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from pola_gnt.core.paths import PROJECT_ROOT
 from pola_gnt.data.settings import DataSettings, ProcessDataSettings, SceneSettings
 from pola_gnt.model.settings import NetSettings
-from pola_gnt.runs.config.app import register_resolvers
+from pola_gnt.runs.config.app import compose_config, register_resolvers
 from pola_gnt.runs.config.read import read_process_data_settings, read_run_settings
 from pola_gnt.runs.config.stored import checkpoint_to_resume, container_dict
 from pola_gnt.runs.settings import RunSettings
@@ -40,13 +39,6 @@ TINY_OVERRIDES = [
 ]
 
 
-def compose_config(*overrides: str, config_name: str = "config") -> DictConfig:
-    """`conf/<config_name>.yaml` with these command-line overrides, as Hydra composes it for a command."""
-    register_resolvers()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides))
-
-
 def run_settings(*overrides: str) -> RunSettings:
     """The checked settings of `conf/config.yaml` (the CPU defaults) with these overrides."""
     return read_run_settings(compose_config(*overrides))
@@ -64,10 +56,6 @@ def process_data_settings(**values) -> ProcessDataSettings:
         config.pop(key)
     config.merge_with(values)
     return read_process_data_settings(config)
-
-
-def settings_of(cfg: DictConfig) -> RunSettings:
-    return read_run_settings(cfg)
 
 
 def scene_and_data(cfg: DictConfig) -> tuple[SceneSettings, DataSettings]:

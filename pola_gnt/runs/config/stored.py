@@ -13,7 +13,7 @@ from omegaconf import Container, DictConfig, OmegaConf
 
 from pola_gnt.core.errors import UserError
 from pola_gnt.core.paths import PROJECT_ROOT
-from pola_gnt.runs.checkpoints import read_checkpoint, resolve_checkpoint, stored_config_dict
+from pola_gnt.runs.checkpoints import ResumePoint, read_checkpoint, resolve_checkpoint, stored_config_dict
 from pola_gnt.runs.config.read import IGNORED_KEYS, read_run_settings
 from pola_gnt.runs.settings import RunSettings
 
@@ -187,10 +187,12 @@ def run_config_with_overrides(
     return config
 
 
-def checkpoint_to_resume(cfg: DictConfig, run_dir: Path) -> Path | None:
-    """The checkpoint `ckpt_path` names for training to resume from (None: start fresh), refused
-    when it holds another model than `cfg`'s."""
+def checkpoint_to_resume(cfg: DictConfig, run_dir: Path) -> ResumePoint | None:
+    """The checkpoint `ckpt_path` names for training to resume from and its step (None: start
+    fresh), refused when it holds another model than `cfg`'s. The file is read once, here."""
     path = resolve_checkpoint(cfg.ckpt_path, run_dir)
-    if path is not None:
-        check_compatible(path, cfg, stored_run_config(read_checkpoint(path), path))
-    return path
+    if path is None:
+        return None
+    checkpoint = read_checkpoint(path)
+    check_compatible(path, cfg, stored_run_config(checkpoint, path))
+    return ResumePoint(path=path, step=int(checkpoint.get("global_step", 0)))
