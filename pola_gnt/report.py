@@ -3,22 +3,30 @@
 Each RUN_DIR is a run folder, a `metrics.json`, or any folder above run folders (searched
 recursively for `metrics.json`). Writes into `--out`:
 
-- `report.md`: one row per (scene, model) grouped per model, each group closed by its mean over the
-  scenes (the 8-scene LLFF mean when all eight are there), next to the published reference numbers;
+- `report.md`: one row per (scene, model) grouped per model and mode, each group closed by its mean
+  over the scenes (the 8-scene LLFF mean when all eight are there), next to the published reference
+  numbers;
 - `report.csv`: the same rows, machine-readable (empty cell = not available);
 - `report_psnr.png`, `report_ssim.png`, `report_lpips.png`: one bar per model and scene (the mean
   over seeds, with their standard deviation), the nearest-view baseline as a tick on each bar and
   the published numbers as dashed lines;
-- `report_study.csv` and the "Seeded study" section of `report.md`: per scene, model and condition,
-  mean and standard deviation over seeds of PSNR / SSIM / LPIPS with the training wall time, steps
-  and steps per second; the paired difference Pola-GNT minus GNT (paired by scene and seed) with a
-  95% Student t interval; and every run with its seed, budget and timings.
+- `report_study.csv` and the "Seeded study" section of `report.md`: per scene, model, mode and
+  condition, mean and standard deviation over seeds of PSNR / SSIM / LPIPS with the training wall
+  time, steps and steps per second; the paired difference Pola-GNT minus GNT (paired by scene and
+  seed within one mode) and, when there are fine-tuned runs, the paired difference fine-tuned minus
+  from scratch ("Fine-tuned vs from scratch": same model, scene, seed and condition), each with a 95%
+  Student t interval; and every run with its seed, mode, budget and timings.
 
-Rows of different protocols or LPIPS networks are never averaged together: a model's runs are grouped
-per (model, protocol, LPIPS net, condition), and mixing protocols in one report prints a warning. The
-condition is the training budget (`N steps` or `T wall time`, from `metrics.json`) and the settings
-that change what a run measures (factor, samples, source views): runs of different conditions are
-never averaged or paired. A seeded study is one Hydra multirun, e.g.
+Every run has a mode, from `metrics.json` ("mode", else derived from "init_from" and
+"seen_in_training"; older files are per-scene): `per-scene` (trained from scratch on the scored
+scene), `fine-tuned` (pretrained weights, then trained on the scored scene) or `zero-shot`
+(pretrained on other scenes only). Rows of different modes, protocols or LPIPS networks are never
+averaged together or paired as Pola-GNT vs GNT: a model's runs are grouped per (model, mode, protocol,
+LPIPS net, condition), and mixing protocols in one report prints a warning. The condition is the
+training budget on the scored scene (`N steps` or `T wall time`, from `metrics.json`; a fine-tuned
+run's is the fine-tuning's, a zero-shot run has none and reads `zero-shot`) and the settings that
+change what a run measures (factor, samples, source views): runs of different conditions are never
+averaged or paired. A seeded study is one Hydra multirun, e.g.
 `python -m pola_gnt.train -m model=gnt,pola_gnt seed=0,1,2 scene=fern`, then
 `python -m pola_gnt.report outputs/multirun/DATE_TIME --out reports/study`.
 

@@ -20,7 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 from helpers import TINY_OVERRIDES, run_module  # noqa: E402
 
-from pola_gnt.core.paths import DEMO_ENV, PROJECT_ROOT  # noqa: E402
+from pola_gnt.core.paths import DEMO_ENV, PROCEDURAL_ENV, PROJECT_ROOT  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
@@ -45,16 +45,19 @@ def _require(path: Path) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def demo_scene_in_tmp(tmp_path_factory):
-    """The demo scene is generated under pytest's temporary folder (for this process and the
-    commands it starts), never in the project's `data/demo`: tests write only below tmp paths."""
+    """The demo scene and the generated (procedural) scenes are written under pytest's temporary
+    folder (for this process and the commands it starts), never in the project's `data/`: tests
+    write only below tmp paths."""
     folder = tmp_path_factory.mktemp("demo_scene")
-    previous = os.environ.get(DEMO_ENV)
-    os.environ[DEMO_ENV] = str(folder)
+    generated = tmp_path_factory.mktemp("procedural_scenes")
+    previous = {name: os.environ.get(name) for name in (DEMO_ENV, PROCEDURAL_ENV)}
+    os.environ[DEMO_ENV], os.environ[PROCEDURAL_ENV] = str(folder), str(generated)
     yield folder
-    if previous is None:
-        os.environ.pop(DEMO_ENV, None)
-    else:
-        os.environ[DEMO_ENV] = previous
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")

@@ -376,8 +376,10 @@ def _settings_leaves(settings, prefix: str = "") -> dict[str, object]:
         value, path = getattr(settings, field.name), f"{prefix}{field.name}"
         if dataclasses.is_dataclass(value):
             leaves.update(_settings_leaves(value, f"{path}."))
+        elif isinstance(value, tuple):  # a list in the YAML; a list of sections: a list of mappings
+            leaves[path] = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value]  # type: ignore[arg-type]
         else:
-            leaves[path] = list(value) if isinstance(value, tuple) else value
+            leaves[path] = value
     return leaves
 
 
@@ -392,11 +394,12 @@ def _settings_classes(cls, seen=None) -> set[type]:
 
 
 @pytest.mark.parametrize("model", ["gnt", "pola_gnt"])
-@pytest.mark.parametrize("experiment", ["quick", "standard", "paper"])
+@pytest.mark.parametrize("experiment", ["quick", "standard", "paper", "pretrain", "finetune"])
 def test_run_settings_mirror_the_yaml_key_for_key(model, experiment):
     """Every key of conf/config.yaml (with each model and experiment) is one settings field with the
     YAML's value, and every field is a key: a new key cannot be added in one place only."""
-    cfg = compose_run_config(f"model={model}", f"experiment={experiment}", "trainer=cpu")
+    init = ["init_from=pretrained:pola_gnt"] if experiment == "finetune" else []
+    cfg = compose_run_config(f"model={model}", f"experiment={experiment}", "trainer=cpu", *init)
     raw = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(raw, dict)
     raw.pop("hydra", None)

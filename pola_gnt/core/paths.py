@@ -29,3 +29,18 @@ def demo_scene_dir() -> Path:
     in the project (git-ignored)."""
     env = os.environ.get(DEMO_ENV)
     return Path(env).expanduser() if env else PROJECT_ROOT / "data" / "demo"
+
+
+PROCEDURAL_ENV = "POLA_GNT_PROCEDURAL"
+
+
+def procedural_scenes_dir() -> Path:
+    """Where generated scenes (`data.procedural`) are written on first use: `$POLA_GNT_PROCEDURAL`,
+    else `data/procedural` in the project (git-ignored)."""
+    env = os.environ.get(PROCEDURAL_ENV)
+    return Path(env).expanduser() if env else PROJECT_ROOT / "data" / "procedural"
+
+
+def pretrained_dir() -> Path:
+    """The checkpoints shipped inside the package (`pretrained:NAME`), with their manifest."""
+    return Path(__file__).resolve().parents[1] / "pretrained"

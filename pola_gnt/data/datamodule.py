@@ -1,6 +1,7 @@
 """Lightning data: one target view per training step with its source views and random rays.
 
-Every random choice of a training step (target view, source views, crop, rays, and the seed of the
+Every random choice of a training step (its scene when training over a collection, target view, source
+views, crop, rays, and the seed of the
 model's sample jitter) is a pure function of `(seed, rank, step)`, so a resumed run sees exactly the batches an
 uninterrupted run would, and each DDP rank draws different rays.
 """
@@ -17,10 +18,11 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from pola_gnt.data.batches import RayBatch, SourceBatch, ViewBatch
+from pola_gnt.data.collection import TrainingScenes
 from pola_gnt.data.sampling import draw_crop, scaled_ray_count
 from pola_gnt.data.scene import Scene
 from pola_gnt.data.settings import DataSettings
-from pola_gnt.data.source_views import nearest_views, random_training_views
+from pola_gnt.data.source_views import nearest_views, random_training_views, scene_selection_points
 from pola_gnt.geometry.rays import pixel_coordinates, pixel_rays
 
 
@@ -35,15 +37,18 @@ def source_batch(scene: Scene, source_ids: list[int]) -> SourceBatch:
 
 
 def eval_source_ids(scene: Scene, view: int, count: int) -> list[int]:
-    """The deterministic source views of an evaluation target: its nearest training cameras."""
-    return nearest_views(scene.cameras.centers[view], scene.cameras.centers, scene.train_ids, count, exclude=view)
+    """The deterministic source views of an evaluation target: its nearest training cameras (by the rig's
+    distance, `source_views.selection_points`)."""
+    points = scene_selection_points(scene)
+    return nearest_views(points[view], points, scene.train_ids, count, exclude=view)
 
 
 class TrainSteps(Dataset[RayBatch]):
-    """Item `step`: the training batch of that global step (on this rank)."""
+    """Item `step`: the training batch of that global step (on this rank): its scene (a collection's
+    draw, or the run's one scene), target view, source views, crop and rays."""
 
-    def __init__(self, scene: Scene, data: DataSettings, n_steps: int, seed: int, rank: int):
-        self.scene = scene
+    def __init__(self, scenes: TrainingScenes | Scene, data: DataSettings, n_steps: int, seed: int, rank: int):
+        self.scenes = scenes if isinstance(scenes, TrainingScenes) else TrainingScenes.single(scenes, data)
         self.data = data
         self.n_steps = n_steps
         self.seed = seed
@@ -54,15 +59,15 @@ class TrainSteps(Dataset[RayBatch]):
 
     def __getitem__(self, step: int) -> RayBatch:
         rng = np.random.default_rng([self.seed, self.rank, step])
-        scene, data = self.scene, self.data
+        scene, data = self.scenes.draw(rng), self.data
         target = int(rng.choice(scene.train_ids))
-        centers = scene.cameras.centers
+        points = scene_selection_points(scene)
         if data.random_source_views:
             source_ids = random_training_views(
-                centers[target], centers, scene.train_ids, data.num_source_views, target, rng
+                points[target], points, scene.train_ids, data.num_source_views, target, rng
             )
         else:
-            source_ids = nearest_views(centers[target], centers, scene.train_ids, data.num_source_views, exclude=target)
+            source_ids = nearest_views(points[target], points, scene.train_ids, data.num_source_views, exclude=target)
         sources = source_batch(scene, source_ids)
         intrinsics = scene.cameras.intrinsics[target].clone()
         image = scene.images[target]  # [H, W, 3]
@@ -205,19 +210,21 @@ class TestViews(Dataset[ViewBatch]):
 
 
 class SceneDataModule(pl.LightningDataModule):
-    """The loaders of one loaded scene: training steps, validation rays, test views."""
+    """The loaders of a run: training steps (from `training_scenes`, by default `scene` alone), and the
+    validation rays and test views of `scene`."""
 
-    def __init__(self, scene: Scene, data: DataSettings, seed: int):
+    def __init__(self, scene: Scene, data: DataSettings, seed: int, training_scenes: TrainingScenes | None = None):
         super().__init__()
         self.scene = scene
         self.data = data
         self.seed = seed
+        self.training_scenes = training_scenes or TrainingScenes.single(scene, data)
 
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
         if trainer is None:
             raise RuntimeError("SceneDataModule.train_dataloader: the training loader follows a trainer's steps")
-        dataset = TrainSteps(self.scene, self.data, trainer.max_steps, self.seed, trainer.global_rank)
+        dataset = TrainSteps(self.training_scenes, self.data, trainer.max_steps, self.seed, trainer.global_rank)
         return StepLoader(dataset, trainer)
 
     def val_dataloader(self) -> DataLoader:

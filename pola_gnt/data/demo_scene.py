@@ -22,12 +22,9 @@ byte-identical files.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import io
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import imageio.v3 as iio
@@ -38,6 +35,7 @@ from torch import Tensor
 from pola_gnt.core.errors import UserError, check_int
 from pola_gnt.core.files import staged_folder, write_atomic
 from pola_gnt.data.images import image_folder_name, to_uint8
+from pola_gnt.data.raytrace import Plane, Sphere, nearest_hit, single_thread
 from pola_gnt.geometry.cameras import look_at, opencv_to_llff
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 
@@ -61,8 +59,6 @@ SUPERSAMPLE_OFFSETS = (-0.25, 0.25)  # sub-pixel offsets of the 2x2 supersamplin
 CHUNK_RAYS = 1 << 18  # rays traced at once, bounds memory at any resolution
 BOUNDS_FACTOR = 16  # resolution of the depth grid that the per-view near/far bounds come from
 BOUNDS_PADDING = 0.02  # relative padding of near/far (LLFF's bounds are percentiles, also loose)
-
-Texture = Callable[[Tensor, Tensor], Tensor]  # surface coordinates a, b [rays] -> albedo [rays, 3]
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,14 +140,8 @@ def detail_pattern(points: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# Surfaces: ray intersection, normals and albedo
+# Surfaces (ray intersection, normals and albedo: data.raytrace)
 # --------------------------------------------------------------------------------------------
-
-
-def _dot(x: Tensor, y: Tensor) -> Tensor:
-    """Row-wise dot product `[rays, 3] x [rays, 3] -> [rays]` (einsum: several times faster than
-    `(x * y).sum(-1)` on CPU for a last dimension of 3)."""
-    return torch.einsum("ri,ri->r", x, y)
 
 
 def _vector(values: tuple[float, float, float]) -> Tensor:
@@ -160,69 +150,6 @@ def _vector(values: tuple[float, float, float]) -> Tensor:
 
 def _vectors(values: list) -> Tensor:
     return torch.tensor(values, dtype=torch.float64)
-
-
-@dataclass
-class Plane:
-    """Infinite plane through `point` with unit `normal` (facing the cameras); `axis_a`/`axis_b`
-    span it and give the texture coordinates. With `half_extent`, a rectangle centred on `point`."""
-
-    point: Tensor  # [3]
-    normal: Tensor  # [3]
-    axis_a: Tensor  # [3]
-    axis_b: Tensor  # [3]
-    texture: Texture
-    half_extent: tuple[float, float] | None = None
-
-    def intersect(self, origins: Tensor, directions: Tensor) -> Tensor:
-        """Ray parameter `[rays]` of the hit (the camera z-depth for camera rays), inf on a miss."""
-        facing = directions @ self.normal  # [rays]
-        safe = torch.where(facing.abs() < 1e-12, torch.full_like(facing, 1e-12), facing)
-        depth = ((self.point - origins) @ self.normal) / safe
-        hit = (facing.abs() >= 1e-12) & (depth > 1e-6)
-        if self.half_extent is not None:
-            local = origins + depth[:, None] * directions - self.point
-            hit &= ((local @ self.axis_a).abs() <= self.half_extent[0]) & (
-                (local @ self.axis_b).abs() <= self.half_extent[1]
-            )
-        return torch.where(hit, depth, torch.full_like(depth, math.inf))
-
-    def normals(self, points: Tensor) -> Tensor:
-        return self.normal.expand_as(points)
-
-    def albedo(self, points: Tensor) -> Tensor:
-        local = points - self.point
-        return self.texture(local @ self.axis_a, local @ self.axis_b)
-
-
-@dataclass
-class Sphere:
-    center: Tensor  # [3]
-    radius: float
-    texture: Texture  # on (longitude, latitude) in radians
-
-    def intersect(self, origins: Tensor, directions: Tensor) -> Tensor:
-        """Nearest positive root of `|o + t d - c|^2 = r^2` `[rays]`, inf on a miss."""
-        offset = origins - self.center
-        a = _dot(directions, directions)
-        half_b = _dot(offset, directions)
-        c = _dot(offset, offset) - self.radius**2
-        discriminant = half_b * half_b - a * c
-        root = torch.sqrt(discriminant.clamp(min=0.0))
-        near = (-half_b - root) / a
-        far = (-half_b + root) / a
-        depth = torch.where(near > 1e-6, near, far)  # from inside, the far root is the visible one
-        hit = (discriminant >= 0) & (depth > 1e-6)
-        return torch.where(hit, depth, torch.full_like(depth, math.inf))
-
-    def normals(self, points: Tensor) -> Tensor:
-        return (points - self.center) / self.radius
-
-    def albedo(self, points: Tensor) -> Tensor:
-        n = self.normals(points)
-        longitude = torch.atan2(n[:, 0], -n[:, 2])  # 0 facing the cameras
-        latitude = torch.asin(n[:, 1].clamp(-1.0, 1.0))
-        return self.texture(longitude, latitude)
 
 
 def _tilted_frame(yaw_deg: float, pitch_deg: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -272,22 +199,10 @@ def demo_surfaces() -> list[Plane | Sphere]:
 # --------------------------------------------------------------------------------------------
 
 
-def _nearest_hit(surfaces: list, origins: Tensor, directions: Tensor) -> tuple[Tensor, Tensor]:
-    """-> depth `[rays]` (inf on a miss) and index of the surface hit `[rays]` (-1 on a miss)."""
-    depth = torch.full(origins.shape[:1], math.inf, dtype=origins.dtype)
-    index = torch.full(origins.shape[:1], -1, dtype=torch.long)
-    for i, surface in enumerate(surfaces):
-        candidate = surface.intersect(origins, directions)
-        closer = candidate < depth
-        depth = torch.where(closer, candidate, depth)
-        index = torch.where(closer, torch.full_like(index, i), index)
-    return depth, index
-
-
 def _shade(surfaces: list, origins: Tensor, directions: Tensor, detail: float = 0.0) -> tuple[Tensor, Tensor]:
     """Lambertian colour `[rays, 3]` and depth `[rays]` of the nearest hit of each ray (albedo
     modulated by `detail_pattern` with amplitude `detail` when non-zero)."""
-    depth, index = _nearest_hit(surfaces, origins, directions)
+    depth, index = nearest_hit(surfaces, origins, directions)
     colour = torch.tensor(MISS_COLOUR, dtype=origins.dtype).repeat(len(origins), 1)
     hit_points = origins + depth.nan_to_num(posinf=0.0)[:, None] * directions  # [rays, 3]
     for i, surface in enumerate(surfaces):
@@ -303,27 +218,14 @@ def _shade(surfaces: list, origins: Tensor, directions: Tensor, detail: float = 
     return colour.clamp(0.0, 1.0), depth
 
 
-@contextlib.contextmanager
-def _single_thread() -> Iterator[None]:
-    """Trace on one thread: the work is memory-bound elementwise arithmetic that gains little from
-    threads, and on a busy machine (more runnable threads than cores) torch's OpenMP threads spin
-    and make it tens of times slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 def _trace_depth(c2w: Tensor, intrinsics: Tensor, pixels: Tensor) -> Tensor:
     """Camera z-depth `[pixels]` of the nearest surface through each pixel `[pixels, 2]`."""
     surfaces = demo_surfaces()
     chunks = []
-    with _single_thread():
+    with single_thread():
         for start in range(0, len(pixels), CHUNK_RAYS):
             rays = pixel_rays(c2w, intrinsics, pixels[start : start + CHUNK_RAYS])
-            chunks.append(_nearest_hit(surfaces, rays.origins, rays.directions)[0])
+            chunks.append(nearest_hit(surfaces, rays.origins, rays.directions)[0])
     return torch.cat(chunks)
 
 
@@ -346,7 +248,7 @@ def render_demo_view(
     surfaces = demo_surfaces()
     colour = torch.zeros(height * width, 3, dtype=torch.float64)
     offsets = [(du, dv) for dv in SUPERSAMPLE_OFFSETS for du in SUPERSAMPLE_OFFSETS]
-    with _single_thread():
+    with single_thread():
         for offset in offsets:
             shifted = pixels + torch.tensor(offset, dtype=torch.float64)
             for start in range(0, len(pixels), CHUNK_RAYS):

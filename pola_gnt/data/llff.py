@@ -20,8 +20,11 @@ from pola_gnt.geometry.cameras import Cameras, llff_to_opencv, normalise_poses
 ROTATION_TOLERANCE = 1e-2  # max |R^T R - I| of a pose rotation (COLMAP's are exact to ~1e-7 in float32)
 
 
-def load_llff_scene(path: str | Path, factor: int = 8, llffhold: int = 8, name: str | None = None) -> Scene:
-    """Load and normalise an LLFF scene. Bad input raises `UserError` naming the file."""
+def load_llff_scene(
+    path: str | Path, factor: int = 8, llffhold: int = 8, name: str | None = None, rig: str = "forward"
+) -> Scene:
+    """Load and normalise an LLFF scene (`rig`: how its source views are chosen, `source_views.RIGS`).
+    Bad input raises `UserError` naming the file."""
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: scene folder not found")
@@ -58,6 +61,7 @@ def load_llff_scene(path: str | Path, factor: int = 8, llffhold: int = 8, name: 
         train_ids=train_ids,
         test_ids=test_ids,
         scale=scale,
+        rig=rig,
     )
 
 

@@ -24,6 +24,7 @@ class Scene:
     train_ids: list[int]
     test_ids: list[int]
     scale: float  # the normalisation scale applied to translations and bounds
+    rig: str  # forward | object (data.source_views.RIGS): how source views are chosen
 
     @property
     def depth_range(self) -> tuple[float, float]:
@@ -41,7 +42,7 @@ class Scene:
             [
                 f"scene       {self.name} ({self.path})",
                 f"images      {len(self.image_names)} at {width}x{height} (factor {self.factor})",
-                f"split       train {len(self.train_ids)}, test {len(self.test_ids)} {self.test_ids}",
+                f"split       train {len(self.train_ids)}, test {len(self.test_ids)} {self.test_ids} ({self.rig} rig)",
                 f"focal       {float(self.cameras.intrinsics[0, 0, 0]):.3f} px",
                 f"bounds      {float(self.bounds.min()):.3f} .. {float(self.bounds.max()):.3f} "
                 f"(normalised, scale {self.scale:.4f}); sampling {near:.3f} .. {far:.3f}",

@@ -13,8 +13,36 @@ from pola_gnt.data.sampling import crop_size, scaled_ray_count
 @dataclass(frozen=True)
 class SceneSettings:
     name: str
-    kind: str  # a key of pola_gnt.data.scenes.SCENE_LOADERS
+    kind: str  # one of pola_gnt.data.scenes.SCENE_KINDS
     path: str | None  # the scene folder; None: data.root / name (the demo: its generated folder)
+    rig: str  # forward (LLFF-like) | object (cameras around an object, DTU-like): how source views are chosen
+
+
+@dataclass(frozen=True)
+class CollectionFolder:
+    """One scene folder of a collection (LLFF layout); the scene's name is the folder's name."""
+
+    path: str  # absolute, or relative to data.root
+    rig: str
+    weight: float  # relative share of the training steps
+
+
+@dataclass(frozen=True)
+class ProceduralFamily:
+    """`count` generated scenes (`data.procedural`), sharing `weight` equally."""
+
+    seed: int  # the family: scene i of family s is the same scene everywhere
+    count: int
+    weight: float
+
+
+@dataclass(frozen=True)
+class CollectionSettings:
+    """The scenes one model trains over (`conf/collection/*.yaml`); null: the run's one scene."""
+
+    name: str
+    folders: tuple[CollectionFolder, ...]
+    procedural: ProceduralFamily | None
 
 
 @dataclass(frozen=True)
@@ -42,6 +70,7 @@ class DataSettings:
     random_crop: RandomCrop | None  # GNT's random-size training crop
     scale_rays_with_views: bool  # GNT: rays per step x num_source_views / views drawn
     val_rays: int
+    cache_mb: int  # collections: loaded scenes kept in memory up to this many MB (least recently drawn dropped)
 
     def max_rays(self) -> int:
         """The most rays a training step can draw: more than `rays_per_step` when the rays scale with

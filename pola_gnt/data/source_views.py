@@ -1,4 +1,10 @@
-"""Source-view selection: the training cameras nearest to a target camera (by centre distance)."""
+"""Source-view selection: the training cameras nearest to a target camera.
+
+"Nearest" follows the rig, as GNT's (and IBRNet's) loaders do: for forward-facing captures (LLFF) the
+nearest camera centres; for cameras around an object (DTU-like) the nearest viewing directions, since
+there cameras at similar distances can see opposite sides. Both are distances between one point per
+view (`selection_points`): the centres, or the unit optical axes, whose distance grows with the angle.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,24 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pola_gnt.data.scene import Scene
+
+RIGS = ("forward", "object")
 # GNT's training pool: the min(n * k, 28) nearest views, k drawn from {1, 2, 3}.
 MAX_POOL = 28
+
+
+def selection_points(c2w: Tensor, rig: str) -> Tensor:
+    """One point per camera (`c2w` `[..., 4, 4]` -> `[..., 3]`) whose distances rank the source views:
+    the camera centre for a forward-facing rig, the unit viewing direction (+z axis) for an object-centric one."""
+    if rig == "object":
+        return torch.nn.functional.normalize(c2w[..., :3, 2], dim=-1)
+    return c2w[..., :3, 3]
+
+
+def scene_selection_points(scene: Scene) -> Tensor:
+    """`selection_points` of every view of `scene` `[views, 3]`."""
+    return selection_points(scene.cameras.c2w, scene.rig)
 
 
 def nearest_views(

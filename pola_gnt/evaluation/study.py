@@ -3,18 +3,38 @@
 Reads run folders (every `metrics.json` below the paths given), keeps the newest file of each run and
 builds the report's tables:
 
-- the main table: one row per (scene, model) grouped per model, each group closed by its mean over the
-  scenes (the 8-scene LLFF mean when all eight are there), next to the published reference numbers;
-- the seeded study: per scene, model and condition, mean and standard deviation over seeds of PSNR /
-  SSIM / LPIPS with the training wall time, steps and steps per second; the paired difference
-  Pola-GNT minus GNT (paired by scene and seed) with a 95% Student t interval; every run's timings.
+- the main table: one row per (scene, model) grouped per model and mode, each group closed by its mean
+  over the scenes (the 8-scene LLFF mean when all eight are there), next to the published reference
+  numbers;
+- the seeded study: per scene, model, mode and condition, mean and standard deviation over seeds of
+  PSNR / SSIM / LPIPS with the training wall time, steps and steps per second; the paired difference
+  Pola-GNT minus GNT (paired by scene and seed within one mode) and the paired difference fine-tuned
+  minus from scratch (same model, scene, seed and condition), each with a 95% Student t interval;
+  every run's timings.
 
 and writes them as `report.md`, `report.csv`, `report_study.csv` and one bar chart per metric.
 
-Rows of different protocols or LPIPS networks are never averaged together: a model's runs are grouped
-per (model, protocol, LPIPS net, condition). The condition is the training budget (`N steps` or
-`T wall time`, from `metrics.json`) and the settings that change what a run measures (factor, samples,
-source views): runs of different conditions are never averaged or paired.
+Every run has a mode (`metrics.json` "mode", or derived from "init_from" and "seen_in_training"; older
+files are per-scene):
+
+- `per-scene`: trained from scratch on the scored scene;
+- `fine-tuned`: started from weights pretrained on other scenes, then trained on the scored scene;
+- `zero-shot`: weights pretrained on other scenes only, scored on a scene they never saw.
+
+Rows of different modes, protocols or LPIPS networks are never averaged together or paired as
+Pola-GNT vs GNT: a model's runs are grouped per (model, mode, protocol, LPIPS net, condition). The
+condition is the training budget on the scored scene (`N steps` or `T wall time`, from `metrics.json`;
+for a fine-tuned run the fine-tuning's) and the settings that change what a run measures (factor,
+samples, source views): runs of different conditions are never averaged or paired. A zero-shot run
+had no training on its scene: its condition is `zero-shot` and the settings, whatever its checkpoint's
+pretraining budget (its steps and times are the checkpoint's, shown as such). So two checkpoints of one
+model and seed scored zero-shot on one scene count as one run (the newest file wins, with a note):
+report them separately to compare them.
+
+Besides Pola-GNT minus GNT, the study pairs each fine-tuned run with the same model trained from
+scratch (per-scene) on the same scene, seed and condition: fine-tuned minus from scratch, in its own
+section ("Fine-tuned vs from scratch", shown when there are fine-tuned runs) and in `report_study.csv`
+(its `comparison` column says which difference a row is).
 """
 
 from __future__ import annotations
@@ -25,7 +45,7 @@ import json
 import math
 import statistics
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +62,11 @@ METRICS_FILE = "metrics.json"
 PAIR = ("pola_gnt", "gnt")  # the study's difference: first minus second
 CONFIDENCE = 0.95
 UNKNOWN_CONDITION = "budget n/a"
+ZERO_SHOT, FINE_TUNED, PER_SCENE = "zero-shot", "fine-tuned", "per-scene"
+MODES = (ZERO_SHOT, FINE_TUNED, PER_SCENE)  # also the report's order: least training on the scene first
+MODEL_COMPARISON = f"{PAIR[0]} - {PAIR[1]}"  # report_study.csv "comparison" of a PAIR difference
+SCRATCH_PAIR = (FINE_TUNED, PER_SCENE)  # the second difference: fine-tuned minus trained from scratch
+SCRATCH_COMPARISON = f"{SCRATCH_PAIR[0]} - {SCRATCH_PAIR[1]}"
 
 
 @dataclass(frozen=True)
@@ -82,6 +107,7 @@ class Row:
     mtime: float = 0.0
     seed: int | None = None
     condition: str = UNKNOWN_CONDITION  # budget and settings: rows are compared within one condition only
+    mode: str = PER_SCENE  # zero-shot | fine-tuned | per-scene: rows are compared within one mode only
     steps: float | None = None  # a group's mean of its runs' steps
     train_time_s: float | None = None
     steps_per_s: float | None = None
@@ -91,10 +117,10 @@ class Row:
     spread: dict[str, float | None] = field(default_factory=lambda: dict.fromkeys(METRICS))  # std over seeds
 
     @property
-    def key(self) -> tuple[str, str, str, str, str, str]:
+    def key(self) -> tuple[str, str, str, str, str, str, str]:
         """Two runs with the same key measure the same thing: a re-run or a re-evaluation."""
         seed = "seed n/a" if self.seed is None else f"seed {self.seed}"
-        return self.scene, self.model, self.protocol, self.lpips_net, self.condition, seed
+        return self.scene, self.model, self.mode, self.protocol, self.lpips_net, self.condition, seed
 
 
 # ------------------------------------------------------------------------------------------------
@@ -175,8 +201,32 @@ def _optional(document: dict, key: str, kind: type | tuple[type, ...], where: st
     return value
 
 
+def run_mode(document: dict) -> str:
+    """The run's mode: "mode" when given, else derived (older files, without these fields: per-scene).
+    Bad values are a ValueError naming the field."""
+    init_from = document.get("init_from")
+    if init_from is not None and not isinstance(init_from, dict):
+        raise ValueError(f"init_from: expected null or an object, got {init_from!r}")
+    seen = document.get("seen_in_training")
+    if seen is not None and not isinstance(seen, bool):
+        raise ValueError(f"seen_in_training: expected true, false or null, got {seen!r}")
+    scenes = document.get("training_scenes")
+    if scenes is not None and not (isinstance(scenes, list) and all(isinstance(s, str) for s in scenes)):
+        raise ValueError(f"training_scenes: expected a list of scene names, got {scenes!r}")
+    mode = document.get("mode")
+    if mode is None:
+        return FINE_TUNED if init_from is not None else ZERO_SHOT if seen is False else PER_SCENE
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    return mode
+
+
 def _study_fields(document: dict) -> dict:
-    """Seed, condition and timings of a run (absent in older files: None / "budget n/a")."""
+    """Seed, mode, condition and timings of a run (absent in older files: None / per-scene / "budget
+    n/a"). A zero-shot run's budget is its checkpoint's pretraining, not a budget on the scored scene:
+    its condition is "zero-shot" (and the settings), so zero-shot Pola-GNT and GNT runs are grouped and
+    paired whatever their pretraining budgets; their steps and times stay the checkpoint's."""
+    mode = run_mode(document)
     budget = document.get("budget")
     if budget is not None and not (isinstance(budget, dict) and isinstance(budget.get("label"), str)):
         raise ValueError("budget: expected an object with a label")
@@ -185,13 +235,14 @@ def _study_fields(document: dict) -> dict:
         raise ValueError("training: expected an object")
     number = (int, float)
     settings = [_optional(document, key, int) for key in ("factor", "n_samples", "num_source_views")]
-    condition = budget["label"] if budget is not None else UNKNOWN_CONDITION
+    condition = ZERO_SHOT if mode == ZERO_SHOT else budget["label"] if budget is not None else UNKNOWN_CONDITION
     if all(value is not None for value in settings):
         condition += "; factor {}, {} samples, {} views".format(*settings)
     steps = _optional(training, "steps", int, "training.")
     return {
         "seed": _optional(document, "seed", int),
         "condition": condition,
+        "mode": mode,
         "steps": steps if steps is not None else _optional(document, "global_step", int),
         "train_time_s": _optional(training, "wall_time_s", number, "training."),
         "steps_per_s": _optional(training, "steps_per_s", number, "training."),
@@ -201,8 +252,9 @@ def _study_fields(document: dict) -> dict:
 
 
 def keep_newest(rows: list[Row]) -> tuple[list[Row], list[str]]:
-    """One row per (scene, model, protocol, LPIPS net): the newest file wins. Returns the rows and a note
-    per ignored file. (An LPIPS-VGG evaluation of a run is kept next to its LPIPS-Alex one.)"""
+    """One row per `Row.key` (scene, model, mode, protocol, LPIPS net, condition, seed): the newest file
+    wins. Returns the rows and a note per ignored file. (An LPIPS-VGG evaluation of a run is kept next to
+    its LPIPS-Alex one.)"""
     newest: dict[tuple[str, ...], Row] = {}
     for row in sorted(rows, key=lambda r: r.mtime):
         newest[row.key] = row  # later files overwrite earlier ones
@@ -226,6 +278,15 @@ def _model_order(model: str) -> tuple[int, str]:
     return (MODEL_ORDER.index(model), "") if model in MODEL_ORDER else (len(MODEL_ORDER), model)
 
 
+def _mode_order(mode: str) -> int:
+    return MODES.index(mode)
+
+
+def model_label(model: str, mode: str, always: bool = False) -> str:
+    """`pola_gnt (zero-shot)`; a per-scene run is plain `pola_gnt` unless `always` (modes side by side)."""
+    return f"{model} ({mode})" if always or mode != PER_SCENE else model
+
+
 def _mean(values: list[float | None]) -> float | None:
     """Mean, or None when any value is missing (a mean over fewer scenes would be mislabelled)."""
     present = [v for v in values if v is not None]
@@ -243,11 +304,12 @@ def _seed_order(row: Row) -> tuple[int, int]:
 
 
 def scene_rows(runs: list[Row]) -> list[Row]:
-    """One row per (model, protocol, LPIPS net, condition, scene): the mean over its seeds, with their
+    """One row per (model, mode, protocol, LPIPS net, condition, scene): the mean over its seeds, with their
     standard deviation in `spread` and the mean timings. A single run is returned as it is."""
     groups: dict[tuple, list[Row]] = {}
     for row in runs:
-        groups.setdefault((row.model, row.protocol, row.lpips_net, row.condition, row.scene), []).append(row)
+        key = (row.model, row.mode, row.protocol, row.lpips_net, row.condition, row.scene)
+        groups.setdefault(key, []).append(row)
     rows = []
     for members in groups.values():
         if len(members) == 1:
@@ -265,6 +327,7 @@ def scene_rows(runs: list[Row]) -> list[Row]:
                 scores={m: _mean([r.scores[m] for r in members]) for m in METRICS},
                 baseline={m: _mean([r.baseline[m] for r in members]) for m in METRICS},
                 condition=first.condition,
+                mode=first.mode,
                 steps=_optional_mean([r.steps for r in members]),
                 train_time_s=_optional_mean([r.train_time_s for r in members]),
                 steps_per_s=_optional_mean([r.steps_per_s for r in members]),
@@ -282,7 +345,7 @@ def _optional_mean(values: list) -> float | None:
 
 
 def group_mean(rows: list[Row]) -> Row:
-    """Mean row of one (model, protocol, LPIPS net, condition) group: each scene's mean over its seeds,
+    """Mean row of one (model, mode, protocol, LPIPS net, condition) group: each scene's mean over its seeds,
     then the mean over the scenes (the 8 LLFF scenes when all are there)."""
     per_scene = scene_rows(rows)
     llff = [row for row in per_scene if row.scene in LLFF_SCENES]
@@ -302,18 +365,19 @@ def group_mean(rows: list[Row]) -> Row:
         baseline={m: _mean([row.baseline[m] for row in members]) for m in METRICS},
         n_scenes=len(members),
         condition=first.condition,
+        mode=first.mode,
         n_seeds=len(rows),
     )
 
 
 def table_rows(runs: list[Row]) -> list[Row]:
-    """Runs grouped per (model, protocol, LPIPS net, condition), scenes in LLFF order then seeds, each
-    group then its mean."""
-    groups: dict[tuple[str, str, str, str], list[Row]] = {}
+    """Runs grouped per (model, mode, protocol, LPIPS net, condition), scenes in LLFF order then seeds,
+    each group then its mean."""
+    groups: dict[tuple[str, str, str, str, str], list[Row]] = {}
     for row in runs:
-        groups.setdefault((row.model, row.protocol, row.lpips_net, row.condition), []).append(row)
+        groups.setdefault((row.model, row.mode, row.protocol, row.lpips_net, row.condition), []).append(row)
     ordered = []
-    for key in sorted(groups, key=lambda k: (_model_order(k[0]), k[1], k[2], k[3])):
+    for key in sorted(groups, key=lambda k: (_model_order(k[0]), _mode_order(k[1]), k[2], k[3], k[4])):
         members = sorted(groups[key], key=lambda r: (_scene_order(r.scene), _seed_order(r)))
         ordered.extend(members)
         ordered.append(group_mean(members))
@@ -321,12 +385,12 @@ def table_rows(runs: list[Row]) -> list[Row]:
 
 
 # ------------------------------------------------------------------------------------------------
-# Seeded study: per-condition statistics over seeds and the paired difference
+# Seeded study: per-condition statistics over seeds and the paired differences
 
 
 @dataclass
 class GroupStats:
-    """One (scene, model, condition, protocol, LPIPS net) over its seeds."""
+    """One (scene, model, mode, condition, protocol, LPIPS net) over its seeds."""
 
     scene: str
     model: str
@@ -339,11 +403,14 @@ class GroupStats:
     train_time_s: float | None
     steps_per_s: float | None
     test_time_s: float | None
+    mode: str = PER_SCENE
 
 
 @dataclass
 class PairedDifference:
-    """`PAIR[0] - PAIR[1]` over runs paired by scene and seed within one condition."""
+    """`first - second` over runs paired by scene and seed within one condition: `PAIR[0] - PAIR[1]`
+    within one mode (`comparison` MODEL_COMPARISON), or one model fine-tuned minus trained from
+    scratch (SCRATCH_COMPARISON)."""
 
     scene: str  # a scene, or "all N scenes" pooling every (scene, seed) pair
     condition: str
@@ -351,6 +418,9 @@ class PairedDifference:
     lpips_net: str
     pairs: list[tuple[str, int]]  # (scene, seed)
     metrics: dict[str, Summary | None]
+    comparison: str = MODEL_COMPARISON
+    model: str = MODEL_COMPARISON  # the models compared, or the one model of a fine-tuned - scratch pair
+    mode: str = PER_SCENE  # the mode both runs share, or SCRATCH_COMPARISON
 
 
 def _summary(values: list[float | None]) -> Summary | None:
@@ -361,30 +431,41 @@ def _summary(values: list[float | None]) -> Summary | None:
 def study_groups(runs: list[Row]) -> list[GroupStats]:
     groups: dict[tuple, list[Row]] = {}
     for row in runs:
-        groups.setdefault((row.scene, row.model, row.condition, row.protocol, row.lpips_net), []).append(row)
+        key = (row.scene, row.model, row.mode, row.condition, row.protocol, row.lpips_net)
+        groups.setdefault(key, []).append(row)
     stats = []
-    for key in sorted(groups, key=lambda k: (_scene_order(k[0]), k[2], k[3], k[4], _model_order(k[1]))):
+    for key in sorted(groups, key=lambda k: (_scene_order(k[0]), _mode_order(k[2]), *k[3:], _model_order(k[1]))):
+        scene, model, mode, condition, protocol, lpips_net = key
         members = sorted(groups[key], key=_seed_order)
         stats.append(
             GroupStats(
-                *key,
+                scene,
+                model,
+                condition,
+                protocol,
+                lpips_net,
                 seeds=[r.seed for r in members],
                 metrics={m: _summary([r.scores[m] for r in members]) for m in METRICS},
                 steps=_mean([r.steps for r in members]),
                 train_time_s=_mean([r.train_time_s for r in members]),
                 steps_per_s=_mean([r.steps_per_s for r in members]),
                 test_time_s=_mean([r.test_time_s for r in members]),
+                mode=mode,
             )
         )
     return stats
 
 
+# A pairing cell: the runs that may be paired with each other, by side (a model or a mode), then seed.
+Cells = dict[tuple, dict[str, dict[int, Row]]]
+
+
 def paired_differences(runs: list[Row]) -> tuple[list[PairedDifference], list[str]]:
-    """`PAIR[0] - PAIR[1]` per (scene, condition, protocol, LPIPS net), paired by seed; then pooled over
-    the scenes of a condition when there are several. Returns the differences and a note per run
-    left without a partner (no seed, or its seed missing for the other model)."""
-    first, second = PAIR
-    cells: dict[tuple, dict[str, dict[int, Row]]] = {}
+    """`PAIR[0] - PAIR[1]` per (scene, mode, condition, protocol, LPIPS net), paired by seed; then pooled
+    over the scenes of a (mode, condition, protocol, LPIPS net) when there are several. Returns the
+    differences and a note per run left without a partner (no seed, or its seed missing for the other
+    model)."""
+    cells: Cells = {}
     notes = []
     for row in runs:
         if row.model not in PAIR:
@@ -392,40 +473,94 @@ def paired_differences(runs: list[Row]) -> tuple[list[PairedDifference], list[st
         if row.seed is None:
             notes.append(f"not paired (no seed in its metrics.json): {row.source}")
             continue
-        key = (row.scene, row.condition, row.protocol, row.lpips_net)
+        key = (row.scene, row.mode, row.condition, row.protocol, row.lpips_net)
         cells.setdefault(key, {}).setdefault(row.model, {})[row.seed] = row
-    per_condition: dict[tuple, list[tuple[str, int, Row, Row]]] = {}
     differences = []
-    for key in sorted(cells, key=lambda k: (_scene_order(k[0]), k[1], k[2], k[3])):
-        scene, *condition = key
-        by_model = cells[key]
-        a, b = by_model.get(first, {}), by_model.get(second, {})
-        for seed in sorted(set(a) ^ set(b)):
-            missing = second if seed in a else first
-            notes.append(f"not paired: {scene}, {condition[0]}, seed {seed} has no {missing} run")
-        seeds = sorted(set(a) & set(b))
-        if not seeds:
+    per_condition: dict[tuple, list[tuple[str, int, Row, Row]]] = {}
+    for key in sorted(cells, key=lambda k: (_scene_order(k[0]), _mode_order(k[1]), k[2], k[3], k[4])):
+        scene, mode, condition, protocol, lpips_net = key
+        where = f"{scene}, {condition}"
+        pairs = _pairs(cells[key], PAIR, where, {model: model_label(model, mode) for model in PAIR}, notes)
+        if not pairs:
             continue
-        pairs = [(scene, seed, a[seed], b[seed]) for seed in seeds]
-        per_condition.setdefault(tuple(condition), []).extend(pairs)
-        differences.append(_difference(scene, tuple(condition), pairs))
-    for condition, pairs in per_condition.items():
+        per_condition.setdefault((mode, condition, protocol, lpips_net), []).extend(pairs)
+        differences.append(_difference(scene, condition, protocol, lpips_net, pairs, mode=mode))
+    for (mode, condition, protocol, lpips_net), pairs in per_condition.items():
         scenes = {scene for scene, *_ in pairs}
         if len(scenes) > 1:
-            differences.append(_difference(f"all {len(scenes)} scenes", condition, pairs))
+            differences.append(
+                _difference(f"all {len(scenes)} scenes", condition, protocol, lpips_net, pairs, mode=mode)
+            )
     return differences, notes
+
+
+def scratch_differences(runs: list[Row]) -> tuple[list[PairedDifference], list[str]]:
+    """Fine-tuned minus per-scene (trained from scratch) per (scene, model, condition, protocol, LPIPS
+    net), paired by seed; then pooled over the scenes of a (model, condition, protocol, LPIPS net) when
+    there are several. Notes name the runs left without a partner, only where a scene, model and
+    condition has a fine-tuned run (a report of per-scene runs alone has nothing to pair)."""
+    cells: Cells = {}
+    notes = []
+    for row in runs:
+        if row.mode not in SCRATCH_PAIR:
+            continue
+        if row.seed is None:
+            if row.mode == FINE_TUNED:
+                notes.append(f"not paired with a from-scratch run (no seed in its metrics.json): {row.source}")
+            continue
+        key = (row.scene, row.model, row.condition, row.protocol, row.lpips_net)
+        cells.setdefault(key, {}).setdefault(row.mode, {})[row.seed] = row
+    differences = []
+    per_condition: dict[tuple, list[tuple[str, int, Row, Row]]] = {}
+    for key in sorted(cells, key=lambda k: (_scene_order(k[0]), _model_order(k[1]), k[2], k[3], k[4])):
+        if FINE_TUNED not in cells[key]:
+            continue
+        scene, model, condition, protocol, lpips_net = key
+        pairs = _pairs(cells[key], SCRATCH_PAIR, f"{scene}, {model}, {condition}", {}, notes)
+        if not pairs:
+            continue
+        per_condition.setdefault((model, condition, protocol, lpips_net), []).extend(pairs)
+        differences.append(_scratch_difference(scene, model, condition, protocol, lpips_net, pairs))
+    for (model, condition, protocol, lpips_net), pairs in per_condition.items():
+        scenes = {scene for scene, *_ in pairs}
+        if len(scenes) > 1:
+            pooled = f"all {len(scenes)} scenes"
+            differences.append(_scratch_difference(pooled, model, condition, protocol, lpips_net, pairs))
+    return differences, notes
+
+
+def _pairs(
+    cell: dict[str, dict[int, Row]], sides: tuple[str, str], where: str, names: dict[str, str], notes: list[str]
+) -> list[tuple[str, int, Row, Row]]:
+    """(scene, seed, first, second) for each seed both sides of a cell have; a note per seed only one has
+    (`names` spells a side in it, when not as it is)."""
+    a, b = cell.get(sides[0], {}), cell.get(sides[1], {})
+    for seed in sorted(set(a) ^ set(b)):
+        missing = sides[1] if seed in a else sides[0]
+        notes.append(f"not paired: {where}, seed {seed} has no {names.get(missing, missing)} run")
+    return [(row.scene, seed, row, b[seed]) for seed, row in sorted(a.items()) if seed in b]
 
 
 def _minus(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
-def _difference(scene: str, condition: tuple, pairs: list[tuple[str, int, Row, Row]]) -> PairedDifference:
+def _difference(
+    scene: str, condition: str, protocol: str, lpips_net: str, pairs: list[tuple[str, int, Row, Row]], **labels: str
+) -> PairedDifference:
     metrics = {}
     for m in METRICS:
         values = [_minus(x.scores[m], y.scores[m]) for _, _, x, y in pairs]
         metrics[m] = _summary(values)
-    return PairedDifference(scene, *condition, pairs=[(s, seed) for s, seed, _, _ in pairs], metrics=metrics)
+    pair_list = [(s, seed) for s, seed, _, _ in pairs]
+    return PairedDifference(scene, condition, protocol, lpips_net, pair_list, metrics, **labels)
+
+
+def _scratch_difference(
+    scene: str, model: str, condition: str, protocol: str, lpips_net: str, pairs: list[tuple[str, int, Row, Row]]
+) -> PairedDifference:
+    labels = {"comparison": SCRATCH_COMPARISON, "model": model, "mode": SCRATCH_COMPARISON}
+    return _difference(scene, condition, protocol, lpips_net, pairs, **labels)
 
 
 def reference_rows() -> list[Row]:
@@ -476,6 +611,7 @@ CSV_FIELDS = (
     *(f"baseline_{m}" for m in METRICS),
     "seed",
     "n_seeds",
+    "mode",
     "condition",
     "steps",
     "train_time_s",
@@ -508,6 +644,7 @@ def report_csv(rows: Sequence[Row]) -> str:
                 **{f"baseline_{m}": "" if row.baseline[m] is None else repr(row.baseline[m]) for m in METRICS},
                 "seed": _csv_number(row.seed),
                 "n_seeds": "" if row.kind == "reference" else row.n_seeds,
+                "mode": "" if row.kind == "reference" else row.mode,
                 "condition": "" if row.kind == "reference" else row.condition,
                 "steps": _csv_number(row.steps),
                 "train_time_s": _csv_number(row.train_time_s),
@@ -522,8 +659,10 @@ def report_csv(rows: Sequence[Row]) -> str:
 
 STUDY_CSV_FIELDS = (
     "kind",  # group | difference
+    "comparison",  # a difference's: "pola_gnt - gnt" or "fine-tuned - per-scene"; empty for a group
     "scene",
     "model",  # a model, or "pola_gnt - gnt"
+    "mode",  # a mode (of both runs of a "pola_gnt - gnt" difference), or "fine-tuned - per-scene"
     "condition",
     "protocol",
     "lpips_net",
@@ -550,7 +689,7 @@ def _summary_cells(metric: str, summary: Summary | None) -> dict[str, str]:
 
 def study_csv(groups: Sequence[GroupStats], differences: Sequence[PairedDifference]) -> str:
     """The study's statistics at full precision: `group` rows (mean, std and t interval of the mean
-    over seeds) and `difference` rows (the paired difference and its t interval)."""
+    over seeds) and `difference` rows (a paired difference and its t interval; `comparison` says which)."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=STUDY_CSV_FIELDS, lineterminator="\n")
     writer.writeheader()
@@ -558,8 +697,10 @@ def study_csv(groups: Sequence[GroupStats], differences: Sequence[PairedDifferen
         writer.writerow(
             {
                 "kind": "group",
+                "comparison": "",
                 "scene": group.scene,
                 "model": group.model,
+                "mode": group.mode,
                 "condition": group.condition,
                 "protocol": group.protocol,
                 "lpips_net": group.lpips_net,
@@ -576,8 +717,10 @@ def study_csv(groups: Sequence[GroupStats], differences: Sequence[PairedDifferen
         writer.writerow(
             {
                 "kind": "difference",
+                "comparison": difference.comparison,
                 "scene": difference.scene,
-                "model": f"{PAIR[0]} - {PAIR[1]}",
+                "model": difference.model,
+                "mode": difference.mode,
                 "condition": difference.condition,
                 "protocol": difference.protocol,
                 "lpips_net": difference.lpips_net,
@@ -602,6 +745,7 @@ def markdown_table(rows: Sequence[Row]) -> list[str]:
         "Protocol",
         "LPIPS net",
         "Seed",
+        "Mode",
         "Condition",
     ]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -613,11 +757,11 @@ def markdown_table(rows: Sequence[Row]) -> list[str]:
             cells += [*(_cell(row.baseline[m], m) for m in METRICS), row.protocol]
         cells.append(row.lpips_net)
         if row.kind == "reference":
-            cells += ["—", "—"]
+            cells += ["—", "—", "—"]
         elif row.kind == "mean":
-            cells += [f"{row.n_seeds} run{'s' if row.n_seeds != 1 else ''}", row.condition]
+            cells += [f"{row.n_seeds} run{'s' if row.n_seeds != 1 else ''}", row.mode, row.condition]
         else:
-            cells += ["n/a" if row.seed is None else str(row.seed), row.condition]
+            cells += ["n/a" if row.seed is None else str(row.seed), row.mode, row.condition]
         if row.kind == "mean":
             cells = [f"**{c}**" for c in cells]
         lines.append("| " + " | ".join(cells) + " |")
@@ -646,26 +790,52 @@ def _seconds(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def study_markdown(
-    runs: Sequence[Row], groups: Sequence[GroupStats], differences: Sequence[PairedDifference]
+def _difference_table(
+    differences: Sequence[PairedDifference],
+    first: tuple[str, str],
+    label: Callable[[PairedDifference], tuple[str, str]],
 ) -> list[str]:
-    """The "Seeded study" section: statistics over seeds, the paired difference, every run's timings."""
-    columns = ["Scene", "Model", "Condition", "Seeds", *(METRIC_TITLES[m] for m in METRICS)]
+    """A paired difference table; `first` names its leading columns, `label` gives their cells."""
+    columns = [*first, "Condition", "Pairs", *(f"Δ {METRIC_TITLES[m]} [95% CI]" for m in METRICS)]
+    columns += ["Protocol", "LPIPS net"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for difference in differences:
+        cells = [*label(difference), difference.condition, str(len(difference.pairs))]
+        cells += [_interval(difference.metrics[m], m) for m in METRICS]
+        cells += [difference.protocol, difference.lpips_net]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def study_markdown(
+    runs: Sequence[Row],
+    groups: Sequence[GroupStats],
+    differences: Sequence[PairedDifference],
+    scratch: Sequence[PairedDifference] = (),
+) -> list[str]:
+    """The "Seeded study" section: statistics over seeds, the paired differences (Pola-GNT - GNT; when
+    there are fine-tuned runs, fine-tuned - from scratch), every run's timings."""
+    columns = ["Scene", "Model", "Mode", "Condition", "Seeds", *(METRIC_TITLES[m] for m in METRICS)]
     columns += ["Steps", "Train time (s)", "Steps/s", "Test time (s)", "Protocol", "LPIPS net"]
     lines = [
         "## Seeded study",
         "",
-        "Mean ± sample standard deviation (n − 1) over the seeds of each scene, model and condition (the "
-        "training budget and the settings that change what is measured); steps and times are means over "
-        "the seeds. Training time is the wall time of the training loop (validation and checkpoints "
+        "Mean ± sample standard deviation (n − 1) over the seeds of each scene, model, mode and condition "
+        "(the training budget and the settings that change what is measured); steps and times are means "
+        "over the seeds. Training time is the wall time of the training loop (validation and checkpoints "
         "included), test time the rendering and scoring of the test views.",
+        "",
+        f"Modes: {PER_SCENE} (trained from scratch on the scene), {FINE_TUNED} (pretrained on other scenes, "
+        f"then trained on the scene: the budget, steps and time are the fine-tuning's), {ZERO_SHOT} "
+        "(pretrained on other scenes only, scored on a scene it never saw: no budget on the scene; steps "
+        "and time are the checkpoint's pretraining). Runs of different modes are never averaged or paired.",
         "",
         "| " + " | ".join(columns) + " |",
         "|" + "---|" * len(columns),
     ]
     for group in groups:
         seeds = ", ".join("n/a" if seed is None else str(seed) for seed in group.seeds)
-        cells = [group.scene, group.model, group.condition, f"{len(group.seeds)} ({seeds})"]
+        cells = [group.scene, group.model, group.mode, group.condition, f"{len(group.seeds)} ({seeds})"]
         cells += [_plus_minus(group.metrics[m], m) for m in METRICS]
         cells += [
             "n/a" if group.steps is None else f"{group.steps:.0f}",
@@ -676,32 +846,51 @@ def study_markdown(
             group.lpips_net,
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    columns = ["Scene", "Condition", "Pairs", *(f"Δ {METRIC_TITLES[m]} [95% CI]" for m in METRICS)]
-    columns += ["Protocol", "LPIPS net"]
     lines += [
         "",
         f"### {PAIR[0]} − {PAIR[1]}, paired by scene and seed",
         "",
         "Mean of the per-pair differences with its 95% Student t interval (n − 1 degrees of freedom). "
         f"Positive Δ PSNR / Δ SSIM and negative Δ LPIPS favour {PAIR[0]}; an interval that contains 0 "
-        "does not separate the models. Runs of different conditions (equal steps vs equal time, other "
-        "settings) are never paired.",
+        "does not separate the models. Runs are paired within one mode (zero-shot with zero-shot, "
+        "fine-tuned with fine-tuned, per-scene with per-scene); runs of different conditions (equal steps "
+        "vs equal time, other settings) are never paired.",
         "",
     ]
     if differences:
-        lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        for difference in differences:
-            cells = [difference.scene, difference.condition, str(len(difference.pairs))]
-            cells += [_interval(difference.metrics[m], m) for m in METRICS]
-            cells += [difference.protocol, difference.lpips_net]
-            lines.append("| " + " | ".join(cells) + " |")
+        lines += _difference_table(differences, ("Scene", "Mode"), lambda d: (d.scene, d.mode))
     else:
-        lines.append(f"No pairs: no scene and condition has both a {PAIR[0]} and a {PAIR[1]} run with the same seed.")
-    columns = ["Scene", "Model", "Seed", "Condition", "Steps", "Stopped by", "Train time (s)", "Steps/s"]
+        lines.append(
+            f"No pairs: no scene, mode and condition has both a {PAIR[0]} and a {PAIR[1]} run with the same seed."
+        )
+    if any(row.mode == FINE_TUNED for row in runs):
+        lines += [
+            "",
+            "### Fine-tuned vs from scratch",
+            "",
+            f"{FINE_TUNED} − {PER_SCENE}: a model fine-tuned on a scene from pretrained weights minus the "
+            "same model trained on it from scratch, paired by scene and seed within one condition (the "
+            "same budget on the scene), pooled over the scenes of a model and condition when there are "
+            "several. Mean of the per-pair differences with its 95% Student t interval (n − 1 degrees of "
+            "freedom); positive Δ PSNR / Δ SSIM and negative Δ LPIPS favour the pretrained start.",
+            "",
+        ]
+        if scratch:
+            lines += _difference_table(scratch, ("Model", "Scene"), lambda d: (d.model, d.scene))
+        else:
+            lines.append(
+                f"No pairs: no scene, model and condition has both a {FINE_TUNED} and a {PER_SCENE} run with "
+                "the same seed."
+            )
+    columns = ["Scene", "Model", "Mode", "Seed", "Condition", "Steps", "Stopped by", "Train time (s)", "Steps/s"]
     columns += ["Test time (s)", *(METRIC_TITLES[m] for m in METRICS)]
     lines += ["", "### Runs", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for row in sorted(runs, key=lambda r: (_scene_order(r.scene), r.condition, _model_order(r.model), _seed_order(r))):
-        cells = [row.scene, row.model, "n/a" if row.seed is None else str(row.seed), row.condition]
+    order = sorted(
+        runs,
+        key=lambda r: (_scene_order(r.scene), _mode_order(r.mode), r.condition, _model_order(r.model), _seed_order(r)),
+    )
+    for row in order:
+        cells = [row.scene, row.model, row.mode, "n/a" if row.seed is None else str(row.seed), row.condition]
         cells += [
             "n/a" if row.steps is None else str(row.steps),
             row.stopped_by or "n/a",
@@ -724,7 +913,10 @@ def report_markdown(
         "",
         "Test-view means per scene; the nearest-view columns score the closest training image, unwarped "
         "(a no-learning baseline). Bold rows average the scenes of the group above them (each scene's "
-        "seeds averaged first).",
+        "seeds averaged first). The mode says how the weights met the scene: per-scene (trained from "
+        "scratch on it), fine-tuned (pretrained on other scenes, then trained on it), zero-shot "
+        "(pretrained on other scenes only: no training budget on the scene); modes are never averaged "
+        "together.",
         "",
         *markdown_table(rows),
         "",
@@ -743,8 +935,10 @@ def report_markdown(
     return "\n".join(lines)
 
 
-def _bar_label(row: Row, mixed: bool) -> str:
-    return f"{row.model} [{row.protocol}, {row.lpips_net}, {row.condition}]" if mixed else row.model
+def _bar_label(row: Row, mixed: bool, modes_mixed: bool) -> str:
+    """The model, its mode when not per-scene or when modes are side by side, then what else differs."""
+    name = model_label(row.model, row.mode, always=modes_mixed)
+    return f"{name} [{row.protocol}, {row.lpips_net}, {row.condition}]" if mixed else name
 
 
 REFERENCE_SLOT = "published\n(LLFF 8-scene mean,\nGNT protocol)"
@@ -758,10 +952,11 @@ def bar_chart(rows: Sequence[Row], metric: str, path: Path) -> None:
     ours = scene_rows([row for row in rows if row.kind == "run"]) + [row for row in rows if row.kind == "mean"]
     references = [row for row in rows if row.kind == "reference"]
     mixed = len({(r.protocol, r.lpips_net, r.condition) for r in ours}) > 1
+    modes_mixed = len({r.mode for r in ours}) > 1
     # Scenes in LLFF order, then the group means, then the references.
     slots = list(dict.fromkeys(r.scene for r in sorted(ours, key=lambda r: (r.kind == "mean", _scene_order(r.scene)))))
     slots.append(REFERENCE_SLOT)
-    series = list(dict.fromkeys(_bar_label(row, mixed) for row in ours))
+    series = list(dict.fromkeys(_bar_label(row, mixed, modes_mixed) for row in ours))
     legend_rows = len(series) + 1 if mixed else 1 + (len(series) + len(references)) // 3  # long labels: one a row
     figure = Figure(figsize=(max(6.0, 1.3 * len(slots) + 1.5), 5.0 + 0.2 * legend_rows), layout="constrained")
     axes = figure.add_subplot()
@@ -784,7 +979,7 @@ def bar_chart(rows: Sequence[Row], metric: str, path: Path) -> None:
 
     width = 0.8 / len(series)
     for row in ours:
-        index = series.index(_bar_label(row, mixed))
+        index = series.index(_bar_label(row, mixed, modes_mixed))
         x = slots.index(row.scene) + (index - (len(series) - 1) / 2) * width
         draw(x, width, row.scores[metric], f"C{index}", series[index], "//" if row.kind == "mean" else None)
         score, spread = row.scores[metric], row.spread[metric]
@@ -819,8 +1014,9 @@ class Report:
 
     rows: list[Row]  # the main table: runs, group means, published references
     groups: list[GroupStats]  # the study: statistics over seeds
-    differences: list[PairedDifference]  # the study: PAIR[0] - PAIR[1], paired by scene and seed
+    differences: list[PairedDifference]  # the study: PAIR[0] - PAIR[1], paired by scene and seed within a mode
     study_lines: list[str]  # its markdown section
+    scratch_differences: list[PairedDifference] = field(default_factory=list)  # fine-tuned - per-scene
 
 
 def build_report(run_paths: Sequence[Path]) -> tuple[Report, list[str]]:
@@ -830,13 +1026,15 @@ def build_report(run_paths: Sequence[Path]) -> tuple[Report, list[str]]:
     warning = mixing_warning(runs)
     groups = study_groups(runs)
     differences, pairing_notes = paired_differences(runs)
+    scratch, scratch_notes = scratch_differences(runs)
     report = Report(
         rows=table_rows(runs) + reference_rows(),
         groups=groups,
         differences=differences,
-        study_lines=study_markdown(runs, groups, differences),
+        study_lines=study_markdown(runs, groups, differences, scratch),
+        scratch_differences=scratch,
     )
-    return report, ([warning] if warning else []) + notes + pairing_notes
+    return report, ([warning] if warning else []) + notes + pairing_notes + scratch_notes
 
 
 def write_report(run_paths: Sequence[Path], out_dir: Path) -> list[Row]:
@@ -854,7 +1052,9 @@ def write_full_report(run_paths: Sequence[Path], out_dir: Path) -> Report:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.md").write_text(report_markdown(report.rows, notes, report.study_lines))
     (out_dir / "report.csv").write_text(report_csv(report.rows))
-    (out_dir / "report_study.csv").write_text(study_csv(report.groups, report.differences))
+    (out_dir / "report_study.csv").write_text(
+        study_csv(report.groups, [*report.differences, *report.scratch_differences])
+    )
     for metric in METRICS:
         bar_chart(report.rows, metric, out_dir / f"report_{metric}.png")
     return report

@@ -3,14 +3,17 @@ Pola-GNT checkpoint or whose weights do not fit. (The run config stored in one: 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from pola_gnt.core.errors import UserError
+from pola_gnt.core.paths import pretrained_dir
 
 CHECKPOINT_DIR = "checkpoints"
+PRETRAINED_PREFIX = "pretrained:"
 
 
 @dataclass(frozen=True)
@@ -21,24 +24,42 @@ class ResumePoint:
     step: int
 
 
-def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> Path | None:
-    """`None` -> None; `last` -> `<run_dir>/checkpoints/last.ckpt`; otherwise the given file."""
+def shipped_checkpoints() -> list[str]:
+    """The names of the checkpoints shipped in the package (`pretrained:NAME`)."""
+    folder = pretrained_dir()
+    return sorted(path.stem for path in folder.glob("*.ckpt")) if folder.is_dir() else []
+
+
+def pretrained_checkpoint(spec: str, key: str = "ckpt_path") -> Path:
+    """`pretrained:NAME` -> the shipped checkpoint file `pola_gnt/pretrained/NAME.ckpt`."""
+    name = spec[len(PRETRAINED_PREFIX) :]
+    path = pretrained_dir() / f"{name}.ckpt"
+    if not name or "/" in name or not path.is_file():
+        available = ", ".join(f"{PRETRAINED_PREFIX}{n}" for n in shipped_checkpoints()) or "none are installed"
+        raise UserError(f"{key}: {spec}: no such shipped checkpoint (available: {available})")
+    return path
+
+
+def resolve_checkpoint(ckpt_path: str | None, run_dir: Path, key: str = "ckpt_path") -> Path | None:
+    """`None` -> None; `last` -> `<run_dir>/checkpoints/last.ckpt`; `pretrained:NAME` -> a checkpoint
+    shipped in the package; otherwise the given file. `key`: the config key it came from, for messages."""
     if not ckpt_path:
         return None
+    if str(ckpt_path).startswith(PRETRAINED_PREFIX):
+        return pretrained_checkpoint(str(ckpt_path), key)
     if str(ckpt_path) == "last":
         path = run_dir / CHECKPOINT_DIR / "last.ckpt"
         if not path.is_file():
-            raise UserError(f"ckpt_path=last: no checkpoint at {path} (pass hydra.run.dir=RUN_DIR of the training run)")
+            raise UserError(f"{key}=last: no checkpoint at {path} (pass hydra.run.dir=RUN_DIR of the training run)")
         return path
     path = Path(ckpt_path).expanduser()
     if path.is_dir():
         hint = path / CHECKPOINT_DIR / "last.ckpt" if (path / CHECKPOINT_DIR).is_dir() else path / "last.ckpt"
         raise UserError(
-            f"ckpt_path: {path} is a folder, not a checkpoint file"
-            f"{f' (did you mean {hint}?)' if hint.is_file() else ''}"
+            f"{key}: {path} is a folder, not a checkpoint file{f' (did you mean {hint}?)' if hint.is_file() else ''}"
         )
     if not path.is_file():
-        raise UserError(f"ckpt_path: {path}: not found")
+        raise UserError(f"{key}: {path}: not found")
     return path
 
 
@@ -73,3 +94,33 @@ def stored_config_dict(checkpoint: dict, path: Path) -> dict:
     if not isinstance(config, dict) or "model" not in config:
         raise UserError(f"{path}: not a Pola-GNT checkpoint (no run config inside)")
     return config
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# The checkpoint's record of what its weights were trained on (`GNTSystem.on_save_checkpoint`).
+TRAINING_RECORD = "pola_gnt_training"
+
+
+def checkpoint_training_scenes(checkpoint: dict) -> list[str]:
+    """The scenes a checkpoint's weights were trained on: its record, or for a checkpoint from before
+    collections its stored run config's one scene."""
+    record = checkpoint.get(TRAINING_RECORD)
+    if isinstance(record, dict) and isinstance(record.get("training_scenes"), list):
+        return [str(name) for name in record["training_scenes"]]
+    config = (checkpoint.get("hyper_parameters") or {}).get("config") or {}
+    name = (config.get("scene") or {}).get("name")
+    return [str(name)] if name else []
+
+
+def checkpoint_init_from(checkpoint: dict) -> dict | None:
+    """The `init_from` record of a fine-tuned checkpoint (None: trained from random weights)."""
+    record = checkpoint.get(TRAINING_RECORD)
+    init = record.get("init_from") if isinstance(record, dict) else None
+    return dict(init) if isinstance(init, dict) else None

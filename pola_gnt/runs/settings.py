@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pola_gnt.core.errors import UserError
-from pola_gnt.data.settings import DataSettings, SceneSettings
+from pola_gnt.data.settings import CollectionSettings, DataSettings, SceneSettings
 from pola_gnt.evaluation.settings import MetricsSettings, OutputSettings
 from pola_gnt.model.settings import ModelSettings, RenderSettings
 
@@ -108,6 +108,8 @@ class RunSettings:
 
     seed: int
     ckpt_path: str | None
+    init_from: str | None  # fine-tuning: the checkpoint whose weights training starts from
+    collection: CollectionSettings | None  # the scenes trained over; `scene` is then held out
     scene: SceneSettings
     data: DataSettings
     render: RenderSettings

@@ -30,8 +30,14 @@ from pola_gnt.model.gnt import GNT, RayOutput, SourceViews
 from pola_gnt.model.renderer import render_image
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.budget import budget_document, timer_seconds_in_checkpoint, training_document
+from pola_gnt.runs.checkpoints import (
+    TRAINING_RECORD,
+    checkpoint_init_from,
+    checkpoint_training_scenes,
+    state_dict_mismatch,
+)
 from pola_gnt.runs.config.read import read_run_settings
-from pola_gnt.runs.config.stored import completed_run_config
+from pola_gnt.runs.config.stored import InitialWeights, completed_run_config
 from pola_gnt.runs.settings import RunSettings
 
 
@@ -60,6 +66,23 @@ class GNTSystem(pl.LightningModule):
         self.checkpoint_train_time_s: float | None = None  # training wall time stored in that checkpoint
         self.checkpoint_config: dict | None = None  # the run config stored in that checkpoint
         self.test_started = 0.0
+        # What the weights were trained on, for metrics.json: the run's scenes (`train` sets a
+        # collection's) and, when fine-tuning, the checkpoint it started from (`start_from`); a loaded
+        # checkpoint's own record replaces both (`on_load_checkpoint`).
+        self.training_scenes: list[str] = [settings.scene.name]
+        self.init_from: dict | None = None
+
+    def start_from(self, weights: InitialWeights) -> None:
+        """Fine-tuning: the network's weights from another checkpoint (strict), nothing else of its state."""
+        try:
+            self.load_state_dict(weights.state_dict, strict=True)
+        except RuntimeError as err:
+            raise state_dict_mismatch(weights.path, err) from None
+        self.init_from = weights.record
+        self.training_scenes = list(dict.fromkeys([*weights.record["training_scenes"], *self.training_scenes]))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint[TRAINING_RECORD] = {"training_scenes": self.training_scenes, "init_from": self.init_from}
 
     def prepare_test(self, scene: Scene, output_dir: Path) -> None:
         """The scene whose held-out views the test phase renders, and the folder it writes into."""
@@ -102,6 +125,8 @@ class GNTSystem(pl.LightningModule):
         self.checkpoint_step = int(checkpoint.get("global_step", 0))
         self.checkpoint_train_time_s = timer_seconds_in_checkpoint(checkpoint)
         self.checkpoint_config = (checkpoint.get("hyper_parameters") or {}).get("config")
+        self.training_scenes = checkpoint_training_scenes(checkpoint)
+        self.init_from = checkpoint_init_from(checkpoint)
 
     def _fit_timer(self) -> Timer | None:
         """The Timer of a fit in this process (None under eval, whose trainer has none)."""
@@ -121,6 +146,18 @@ class GNTSystem(pl.LightningModule):
             settings, seconds = self.settings, timer.time_elapsed("train") if timer is not None else None
         budget = budget_document(settings.trainer)
         return settings, budget, training_document(budget, global_step, seconds)
+
+    def training_record(self) -> dict:
+        """metrics.json's account of the weights: the scenes they were trained on, whether the scored
+        scene was one of them, the checkpoint fine-tuning started from, and so the mode of the result."""
+        seen = self.settings.scene.name in self.training_scenes
+        mode = "fine-tuned" if self.init_from is not None else ("per-scene" if seen else "zero-shot")
+        return {
+            "mode": mode,
+            "training_scenes": self.training_scenes,
+            "seen_in_training": seen,
+            "init_from": self.init_from,
+        }
 
     # ---- testing: render every held-out view, score it, write the results --------------------
 
@@ -191,6 +228,7 @@ class GNTSystem(pl.LightningModule):
             "budget": budget,
             "training": training,
             "test_time_s": test_time_s,
+            **self.training_record(),
         }
         self.test_document = write_results(
             self.output_dir, header, results, scene.depth_range, settings.output.save_images

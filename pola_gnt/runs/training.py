@@ -19,8 +19,9 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from pola_gnt.core.errors import DIVERGED_EXIT_CODE, RunStopped, UserError
 from pola_gnt.core.files import clean_temporaries, disk_error, is_disk_error
+from pola_gnt.data.collection import CollectionGroup, TrainingScenes, collection_groups
 from pola_gnt.data.datamodule import SceneDataModule
-from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.scenes import data_root, load_scene, scene_dir
 from pola_gnt.runs.callbacks import LastCheckpoint
 from pola_gnt.runs.checkpoints import (
     CHECKPOINT_DIR,
@@ -30,6 +31,7 @@ from pola_gnt.runs.checkpoints import (
     state_dict_mismatch,
 )
 from pola_gnt.runs.config.read import check_scene
+from pola_gnt.runs.config.stored import initial_weights
 from pola_gnt.runs.guards import Interrupted, StopSignals
 from pola_gnt.runs.run_folder import NonFiniteError, RunLock
 from pola_gnt.runs.settings import RunSettings
@@ -99,6 +101,35 @@ def _diverged(err: NonFiniteError, run_dir: Path, overrides: Sequence[str]) -> R
     )
 
 
+def held_out_collection(settings: RunSettings) -> list[CollectionGroup]:
+    """The collection's scenes (none without one), refused when the run's `scene`, which validates and
+    tests it, is among them: a pretrained model is judged on a scene it never trained on."""
+    if settings.collection is None:
+        return []
+    groups = collection_groups(settings.collection, data_root(settings.data))
+    held_out = scene_dir(settings.scene, settings.data).resolve()
+    for group in groups:
+        for item in group.scenes:
+            if item.procedural is None and (item.path.resolve() == held_out or item.name == settings.scene.name):
+                raise UserError(
+                    f"{group.key}: {item.path} is scene={settings.scene.name}, the scene this run validates and tests "
+                    f"on; pretraining must hold it out (remove it from collection {settings.collection.name} or "
+                    f"choose another scene=)"
+                )
+    return groups
+
+
+def collection_summary(settings: RunSettings, groups: list[CollectionGroup]) -> str:
+    total = sum(group.weight for group in groups)
+    parts = [
+        f"{group.scenes[0].name if len(group.scenes) == 1 else f'{len(group.scenes)} generated'} "
+        f"{group.weight / total:.0%}"
+        for group in groups
+    ]
+    name = settings.collection.name if settings.collection else ""
+    return f"collection  {name}: {', '.join(parts)} (cache {settings.data.cache_mb} MB)"
+
+
 def train(
     settings: RunSettings, config: dict, run_dir: Path, resume: ResumePoint | None, overrides: Sequence[str]
 ) -> dict | None:
@@ -143,15 +174,26 @@ def _fit_and_test(
     overrides: Sequence[str],
 ) -> dict | None:
     pl.seed_everything(settings.seed, workers=True, verbose=False)
+    groups = held_out_collection(settings)
     scene = load_scene(settings.scene, settings.data)
     check_scene(settings, scene)
-    datamodule = SceneDataModule(scene, settings.data, settings.seed)
+    training_scenes = TrainingScenes(groups, settings.data) if groups else None
+    datamodule = SceneDataModule(scene, settings.data, settings.seed, training_scenes)
     system = GNTSystem(settings, config)
+    if training_scenes is not None:
+        system.training_scenes = training_scenes.names
+    if settings.init_from and checkpoint is None:  # a resumed run's weights are its own checkpoint's
+        system.start_from(initial_weights(settings.init_from, config, run_dir))
     system.prepare_test(scene, run_dir)
     last = LastCheckpoint(run_dir / CHECKPOINT_DIR / LAST)
     trainer = build_trainer(settings.trainer, run_dir, last, fit_timer(settings.trainer), resume_step, signals)
     if trainer.is_global_zero:
+        if training_scenes is not None and settings.collection is not None:
+            print(collection_summary(settings, groups), flush=True)
         print(scene.summary(), flush=True)
+        if system.init_from is not None:
+            init = system.init_from
+            print(f"init_from   {init['path']} (step {init['global_step']}, sha256 {init['sha256'][:12]})", flush=True)
     phase = "training"
     try:
         signals.check()

@@ -22,7 +22,7 @@ from pola_gnt.core.files import staged_file
 from pola_gnt.data.images import to_uint8
 from pola_gnt.data.scene import Scene
 from pola_gnt.data.scenes import load_scene
-from pola_gnt.data.source_views import nearest_views
+from pola_gnt.data.source_views import nearest_views, scene_selection_points, selection_points
 from pola_gnt.evaluation.scoring import colorize_depth
 from pola_gnt.geometry.camera_paths import interpolate_path, spiral_path
 from pola_gnt.model.gnt import GNT, SourceViews
@@ -83,7 +83,7 @@ class EncodedViews:
 
 def frame_source_views(scene: Scene, c2w: Tensor, count: int) -> list[int]:
     """The `count` training cameras nearest to a video camera `c2w` `[4, 4]` (nearest first)."""
-    return nearest_views(c2w[:3, 3], scene.cameras.centers, scene.train_ids, count)
+    return nearest_views(selection_points(c2w, scene.rig), scene_selection_points(scene), scene.train_ids, count)
 
 
 def scaled_intrinsics(intrinsics: Tensor, size: tuple[int, int], scaled_size: tuple[int, int]) -> Tensor:

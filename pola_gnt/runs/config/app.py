@@ -18,9 +18,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
 
-from pola_gnt.core.errors import exit_on_user_error
+from pola_gnt.core.errors import UserError, exit_on_user_error
 from pola_gnt.core.paths import PROJECT_ROOT
 from pola_gnt.data.scenes import MISSING_SCENE_NAME
+from pola_gnt.runs.settings import RunSettings
 
 CONFIG_DIR = str(PROJECT_ROOT / "conf")
 CONFIG_NAME = "config"
@@ -83,6 +84,20 @@ def entry_point(
 def task_overrides() -> list[str]:
     """What the user typed on the command line of this Hydra run (without `hydra.*` keys)."""
     return list(HydraConfig.get().overrides.task)
+
+
+def check_finetuning(settings: RunSettings) -> None:
+    """`experiment=finetune` is a recipe for pretrained weights: without `init_from` it would silently
+    train from random weights at fine-tuning rates."""
+    try:
+        experiment = HydraConfig.get().runtime.choices.get("experiment")
+    except ValueError:  # no Hydra run (called from Python)
+        return
+    if experiment == "finetune" and settings.init_from is None:
+        raise UserError(
+            "init_from: experiment=finetune starts from pretrained weights; give init_from=CKPT or "
+            "init_from=pretrained:pola_gnt (pretrained:gnt with model=gnt)"
+        )
 
 
 PRECISION_NAMES = {"bf16-mixed": "bf16", "16-mixed": "fp16", "32-true": "fp32", "32": "fp32", "64-true": "fp64"}

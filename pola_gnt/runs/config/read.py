@@ -22,7 +22,16 @@ from pola_gnt.core.errors import UserError, check_bool, check_choice, check_int,
 from pola_gnt.data.colmap import CAMERA_MODELS, CAMERA_MODES, MATCHING
 from pola_gnt.data.scene import Scene
 from pola_gnt.data.scenes import SCENE_KINDS
-from pola_gnt.data.settings import DataSettings, ProcessDataSettings, RandomCrop, SceneSettings
+from pola_gnt.data.settings import (
+    CollectionFolder,
+    CollectionSettings,
+    DataSettings,
+    ProceduralFamily,
+    ProcessDataSettings,
+    RandomCrop,
+    SceneSettings,
+)
+from pola_gnt.data.source_views import RIGS
 from pola_gnt.evaluation.metrics import LPIPS_NETS, PROTOCOLS
 from pola_gnt.evaluation.settings import MetricsSettings, OutputSettings
 from pola_gnt.geometry.camera_paths import PATH_KINDS
@@ -131,9 +140,12 @@ def read_run_settings(cfg: DictConfig | Mapping) -> RunSettings:
     ckpt_path = r.value("ckpt_path", nullable=True)
     if ckpt_path is not None and not isinstance(ckpt_path, str):
         raise UserError(f"ckpt_path: must be last or a checkpoint file, got {ckpt_path!r}")
+    init_from = r.text("init_from", "null, a checkpoint file or pretrained:NAME", nullable=True)
     settings = RunSettings(
         seed=seed,
         ckpt_path=ckpt_path,
+        init_from=init_from or None,
+        collection=_collection(r),
         scene=_scene(r.section("scene")),
         data=_data(r.section("data")),
         render=_render(r.section("render")),
@@ -154,7 +166,47 @@ def _scene(r: ConfigReader) -> SceneSettings:
         name=str(r.value("name")),
         kind=r.choice("kind", SCENE_KINDS),
         path=r.text("path", "null or a folder", nullable=True),
+        rig=r.choice("rig", RIGS),
     )
+
+
+def _collection(r: ConfigReader) -> CollectionSettings | None:
+    if r.value("collection", nullable=True) is None:
+        return None
+    c = r.section("collection")
+    folders = c.value("folders")
+    if not isinstance(folders, list):
+        raise UserError(f"{c.key('folders')}: must be a list of {{path, rig, weight}} (or []), got {folders!r}")
+    entries = []
+    for i, folder in enumerate(folders):
+        key = f"{c.key('folders')}[{i}]"
+        if not isinstance(folder, dict):
+            raise UserError(f"{key}: must be {{path: DIR, rig: forward|object, weight: W}}, got {folder!r}")
+        entry = ConfigReader(folder, key)
+        path = entry.text("path", "a scene folder (absolute, or relative to data.root)")
+        if not path:
+            raise UserError(f"{entry.key('path')}: must be a scene folder (absolute, or relative to data.root)")
+        entries.append(
+            CollectionFolder(
+                path=path, rig=entry.choice("rig", RIGS), weight=entry.number("weight", 0, None, low_open=False)
+            )
+        )
+        entry.check_all_read()
+    procedural = None
+    if c.value("procedural", nullable=True) is not None:
+        p = c.section("procedural")
+        procedural = ProceduralFamily(
+            seed=p.int("seed", minimum=0, maximum=MAX_SEED),
+            count=p.int("count", minimum=0),
+            weight=p.number("weight", 0, None, low_open=False),
+        )
+    collection = CollectionSettings(name=str(c.value("name")), folders=tuple(entries), procedural=procedural)
+    total = sum(f.weight for f in entries) + (procedural.weight if procedural and procedural.count else 0.0)
+    if not entries and not (procedural and procedural.count):
+        raise UserError(f"collection: {collection.name} has no scenes (folders is empty and no procedural scenes)")
+    if total <= 0:
+        raise UserError(f"collection: every weight of {collection.name} is 0; no scene could be drawn")
+    return collection
 
 
 def _data(r: ConfigReader) -> DataSettings:
@@ -176,6 +228,7 @@ def _data(r: ConfigReader) -> DataSettings:
         random_crop=random_crop,
         scale_rays_with_views=r.bool("scale_rays_with_views"),
         val_rays=r.int("val_rays"),
+        cache_mb=r.int("cache_mb"),
     )
 
 

@@ -13,7 +13,15 @@ from omegaconf import Container, DictConfig, OmegaConf
 
 from pola_gnt.core.errors import UserError
 from pola_gnt.core.paths import PROJECT_ROOT
-from pola_gnt.runs.checkpoints import ResumePoint, read_checkpoint, resolve_checkpoint, stored_config_dict
+from pola_gnt.runs.checkpoints import (
+    PRETRAINED_PREFIX,
+    ResumePoint,
+    checkpoint_training_scenes,
+    file_sha256,
+    read_checkpoint,
+    resolve_checkpoint,
+    stored_config_dict,
+)
 from pola_gnt.runs.config.read import IGNORED_KEYS, read_run_settings
 from pola_gnt.runs.settings import RunSettings
 
@@ -196,3 +204,30 @@ def checkpoint_to_resume(cfg: DictConfig, run_dir: Path) -> ResumePoint | None:
     checkpoint = read_checkpoint(path)
     check_compatible(path, cfg, stored_run_config(checkpoint, path))
     return ResumePoint(path=path, step=int(checkpoint.get("global_step", 0)))
+
+
+@dataclass(frozen=True)
+class InitialWeights:
+    """The weights a fine-tuning run starts from (`init_from`), and their record for `metrics.json`."""
+
+    path: Path
+    state_dict: dict
+    record: dict  # {"path", "sha256", "global_step", "training_scenes"}
+
+
+def initial_weights(init_from: str, config: dict, run_dir: Path) -> InitialWeights:
+    """Read the checkpoint `init_from` names (a file or `pretrained:NAME`), refused when it holds
+    another model or size than the run's `config` (one line)."""
+    path = resolve_checkpoint(init_from, run_dir, key="init_from")
+    if path is None:
+        raise UserError("init_from: empty; give a checkpoint file or pretrained:NAME")
+    checkpoint = read_checkpoint(path)
+    check_compatible(path, OmegaConf.create(config), stored_run_config(checkpoint, path))
+    shown = init_from if init_from.startswith(PRETRAINED_PREFIX) else str(path.resolve())
+    record = {
+        "path": shown,
+        "sha256": file_sha256(path),
+        "global_step": int(checkpoint.get("global_step", 0)),
+        "training_scenes": checkpoint_training_scenes(checkpoint),
+    }
+    return InitialWeights(path=path, state_dict=checkpoint["state_dict"], record=record)
