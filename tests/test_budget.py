@@ -57,3 +57,34 @@ def test_time_budget_stops_training_and_is_labelled(tmp_path):
     training = document["training"]
     assert training["stopped_by"] == "max_time" and 2.0 <= training["wall_time_s"] < 60
     assert 1 <= training["steps"] == document["global_step"] < 100000
+
+
+def test_budget_checkpoints_are_the_models_of_shorter_time_budgets(tmp_path):
+    """`trainer.checkpoint_minutes`: a 3 s run saves the model at 1 s of training, stored as a run
+    with a 1 s budget; `eval` of it reports that budget and its own step and time."""
+    mark = 1 / 60  # minutes
+    result = run_in_process(
+        "train",
+        *TINY_OVERRIDES,
+        "trainer.max_steps=100000",
+        "trainer.max_time=0.05",
+        f"trainer.checkpoint_minutes=[{mark}]",
+        "trainer.val_check_interval=1000",
+        "output.save_images=false",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    full = json.loads((tmp_path / "metrics.json").read_text())
+    marked = tmp_path / "checkpoints" / f"minutes{mark:g}.ckpt"
+    evaluated = tmp_path / "eval"
+    result = run_in_process("eval", f"ckpt_path={marked}", "output.save_images=false", f"hydra.run.dir={evaluated}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = json.loads((evaluated / "metrics.json").read_text())
+    assert document["budget"]["label"] == "1 s wall time" and document["training"]["stopped_by"] == "max_time"
+    assert 1.0 <= document["training"]["wall_time_s"] < full["training"]["wall_time_s"]
+    assert 1 <= document["global_step"] < full["global_step"]
+
+
+def test_checkpoint_minutes_must_be_positive():
+    with pytest.raises(UserError, match=r"^trainer\.checkpoint_minutes: must be a list of positive minutes"):
+        run_settings("trainer.checkpoint_minutes=[0]")

@@ -286,3 +286,44 @@ def test_ddp_two_processes_over_a_collection(scene_folders, tmp_path):
     document = metrics(tmp_path)
     assert document["global_step"] == 4 and document["mode"] == "zero-shot"
     assert document["training_scenes"] == ["alpha", "beta", "gamma"] and len(document["per_image"]) == 3
+
+
+def test_object_rigs_choose_sources_by_viewing_direction():
+    """Cameras around an object: a far camera looking from nearly the target's direction is a better
+    source than a near one seen from 90 degrees away. Forward rigs keep the nearest centres."""
+    from pola_gnt.data.source_views import nearest_views, selection_points
+    from pola_gnt.geometry.cameras import look_at
+
+    angles = torch.tensor([0.0, 10.0, 90.0]).deg2rad()
+    radii = torch.tensor([1.0, 5.0, 1.2])
+    positions = torch.stack([radii * torch.cos(angles), torch.zeros(3), radii * torch.sin(angles)], dim=-1).double()
+    c2w = look_at(positions, torch.zeros(3, 3, dtype=torch.float64), torch.tensor([0.0, 1.0, 0.0]).double())
+    by_direction = selection_points(c2w, "object")
+    by_centre = selection_points(c2w, "forward")
+    assert nearest_views(by_direction[0], by_direction, [1, 2], 1) == [1]
+    assert nearest_views(by_centre[0], by_centre, [1, 2], 1) == [2]
+    assert torch.allclose(by_direction.norm(dim=-1), torch.ones(3, dtype=torch.float64))
+
+
+def test_generated_scenes_are_drawn_and_loaded_with_their_rig():
+    """A family of 2 generated scenes (factor 32): drawn by the steps, generated on first use, loaded
+    with every view a training view and the rig the generator chose."""
+    from pola_gnt.data.procedural import procedural_rig
+
+    settings = read_run_settings(
+        compose_config(*TINY_OVERRIDES, "collection=procedural10", "collection.procedural.count=2")
+    )
+    assert settings.collection is not None
+    groups = collection_groups(settings.collection, Path("/"))
+    scenes = TrainingScenes(groups, settings.data)
+    assert scenes.names == ["procedural-0-0000", "procedural-0-0001"]
+    steps = TrainSteps(scenes, settings.data, 6, seed=0, rank=0)
+    for step in range(6):
+        batch = steps[step]
+        assert batch.rgb.shape == (settings.data.rays_per_step, 3) and torch.isfinite(batch.rays.origins).all()
+    for item in groups[0].scenes:
+        if item in scenes.cache:
+            scene = scenes.cache[item]
+            assert scene.rig == procedural_rig(0, int(item.name[-4:])) and scene.test_ids == []
+            assert len(scene.train_ids) == len(scene.image_names) >= 20
+    assert len(scenes.cache) >= 1

@@ -8,7 +8,8 @@ import io
 from pathlib import Path
 
 import pytorch_lightning as pl
-from pytorch_lightning.callbacks import Callback
+import torch
+from pytorch_lightning.callbacks import Callback, Timer
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 
@@ -72,6 +73,39 @@ class LastCheckpoint(Callback):
             done = progress[part]["completed"]
             progress[part].update(ready=done, started=done, processed=done, completed=done - 1)
         state["_batches_that_stepped"] = state.get("_batches_that_stepped", 1) - 1
+
+
+class BudgetCheckpoints(Callback):
+    """An equal-time study from one run: when the training wall time (the fit `timer`'s, as `max_time`
+    counts it) first reaches each of `minutes`, save `minutes<M>.ckpt` into `folder`, its stored run
+    config saying `trainer.max_time: M`. The learning-rate schedule and the batches depend on the step
+    only, so this is the model a run given M minutes ends with; `eval` scores it as that budget."""
+
+    def __init__(self, folder: Path, minutes: tuple[float, ...], timer: Timer):
+        self.folder = folder
+        self.pending = sorted(minutes)
+        self.timer = timer
+
+    @staticmethod
+    def file_name(minutes: float) -> str:
+        return f"minutes{minutes:g}.ckpt"
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        elapsed = self.timer.time_elapsed("train")  # a resumed run: marks it already passed stay as saved
+        self.pending = [m for m in self.pending if m * 60 > elapsed]
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args) -> None:
+        elapsed = self.timer.time_elapsed("train")
+        while self.pending and elapsed >= self.pending[0] * 60:
+            minutes = self.pending.pop(0)
+            path = self.folder / self.file_name(minutes)
+            trainer.save_checkpoint(path, weights_only=False)  # collective: all ranks call it, rank 0 writes
+            if trainer.is_global_zero:
+                checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+                checkpoint["hyper_parameters"]["config"]["trainer"]["max_time"] = minutes
+                buffer = io.BytesIO()
+                torch.save(checkpoint, buffer)
+                write_atomic(path, buffer.getbuffer())
 
 
 class AppendingCSVWriter(ExperimentWriter):

@@ -40,6 +40,7 @@ class TrainerSettings:
     precision: str
     max_steps: int
     max_time: float | None  # an equal-time budget, in seconds (given as minutes, "DD:HH:MM:SS" or a mapping)
+    checkpoint_minutes: tuple[float, ...]  # training wall times (minutes) at which a budget checkpoint is saved
     val_check_interval: int | float
     check_val_every_n_epoch: int | None
     log_every_n_steps: int

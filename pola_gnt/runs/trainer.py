@@ -10,7 +10,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint, Timer
 from pytorch_lightning.loggers import TensorBoardLogger
 
-from pola_gnt.runs.callbacks import AppendingCSVLogger, LastCheckpoint
+from pola_gnt.runs.callbacks import AppendingCSVLogger, BudgetCheckpoints, LastCheckpoint
 from pola_gnt.runs.checkpoints import CHECKPOINT_DIR
 from pola_gnt.runs.guards import StopSignals, TrainingGuard
 from pola_gnt.runs.run_folder import SafeCheckpointIO
@@ -48,6 +48,8 @@ def build_trainer(
         last,
         LearningRateMonitor(logging_interval="step"),
     ]
+    if settings.checkpoint_minutes:
+        callbacks.append(BudgetCheckpoints(checkpoint_dir, settings.checkpoint_minutes, timer))
     loggers = [
         # Events from steps at or after the resumed checkpoint (an interrupted run's tail) are purged.
         TensorBoardLogger(run_dir, name="tensorboard", version="", purge_step=resume_step or None),

@@ -333,6 +333,7 @@ def _trainer(r: ConfigReader) -> TrainerSettings:
         precision=str(r.value("precision")),
         max_steps=max_steps,
         max_time=max_time_seconds(r.value("max_time", nullable=True)),
+        checkpoint_minutes=_checkpoint_minutes(r),
         val_check_interval=interval,
         check_val_every_n_epoch=None if every_n_epochs is None else r.int("check_val_every_n_epoch"),
         log_every_n_steps=r.int("log_every_n_steps"),
@@ -342,6 +343,18 @@ def _trainer(r: ConfigReader) -> TrainerSettings:
         num_sanity_val_steps=r.int("num_sanity_val_steps", minimum=0),
         fast_dev_run=_fast_dev_run(r),
     )
+
+
+def _checkpoint_minutes(r: ConfigReader) -> tuple[float, ...]:
+    value = r.value("checkpoint_minutes")
+    numbers = isinstance(value, list) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in value
+    )
+    if not numbers:
+        raise UserError(
+            f"{r.key('checkpoint_minutes')}: must be a list of positive minutes, e.g. [1, 2], got {value!r}"
+        )
+    return tuple(sorted(float(v) for v in value))
 
 
 def _fast_dev_run(r: ConfigReader) -> bool | int:
