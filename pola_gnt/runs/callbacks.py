@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
+from typing import Any
 
 import pytorch_lightning as pl
 import torch
@@ -94,7 +95,9 @@ class BudgetCheckpoints(Callback):
         elapsed = self.timer.time_elapsed("train")  # a resumed run: marks it already passed stay as saved
         self.pending = [m for m in self.pending if m * 60 > elapsed]
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         elapsed = self.timer.time_elapsed("train")
         while self.pending and elapsed >= self.pending[0] * 60:
             minutes = self.pending.pop(0)
