@@ -14,6 +14,10 @@ models=${3:-pola_gnt gnt}
 export OMP_NUM_THREADS=1
 common=(scene=fern trainer.max_time=5 trainer.max_steps=100000 "trainer.checkpoint_minutes=[1,2]"
         trainer.val_check_interval=250)
+score() {  # score() RUN_DIR MINUTES: eval the model saved at that many minutes of training
+  python -m pola_gnt.eval scene=fern ckpt_path="$1/checkpoints/minutes$2.ckpt" output.save_images=false \
+    hydra.run.dir="$1/minutes$2" > "$1/minutes$2.log" 2>&1
+}
 for seed in $seeds; do
   for model in $models; do
     tuned=$out/finetuned/$model/seed$seed
@@ -24,13 +28,13 @@ for seed in $seeds; do
     python -m pola_gnt.train "${common[@]}" model=$model seed=$seed experiment=quick \
       hydra.run.dir=$scratch > "$scratch.log" 2>&1 &
     wait
-    for run in $tuned $scratch; do
-      for minutes in 1 2; do
-        python -m pola_gnt.eval scene=fern ckpt_path=$run/checkpoints/minutes$minutes.ckpt \
-          hydra.run.dir=$run/minutes$minutes > "$run/minutes$minutes.log" 2>&1 &
-      done
-      wait
-    done
+    score "$tuned" 2 & score "$scratch" 2 & wait
+  done
+done
+# The 1-minute models last, so a study cut short still has its 2- and 5-minute rows for every seed.
+for seed in $seeds; do
+  for model in $models; do
+    score "$out/finetuned/$model/seed$seed" 1 & score "$out/scratch/$model/seed$seed" 1 & wait
   done
 done
 python -m pola_gnt.report "$out" --out "$out/report"

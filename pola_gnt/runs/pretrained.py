@@ -53,7 +53,10 @@ def ship_checkpoint(source: Path, name: str, entry: dict, folder: Path | None = 
     size = staging.stat().st_size
     if size > MAX_BYTES:
         staging.unlink()
-        raise UserError(f"{source}: the slimmed checkpoint is {size / 2**20:.1f} MB, over the package's 10 MB")
+        raise UserError(
+            f"{source}: the slimmed checkpoint is {size / 2**20:.2f} MB, over the package's limit of "
+            f"{MAX_BYTES / 2**20:g} MB"
+        )
     staging.replace(target)
     entry = {"file": target.name, "bytes": size, "sha256": file_sha256(target), **entry}
     manifest = read_manifest(folder)

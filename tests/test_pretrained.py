@@ -1,0 +1,80 @@
+"""The checkpoints shipped in the package (`pola_gnt/pretrained/`): each file is the one its manifest
+describes (sha256, size under 10 MB, model), loads through `pretrained:NAME`, and (slow) re-scores on
+fern to the zero-shot metrics the manifest records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import assert_one_error_line, run_in_process
+
+from pola_gnt.core.errors import UserError
+from pola_gnt.core.paths import pretrained_dir
+from pola_gnt.runs.checkpoints import file_sha256, pretrained_checkpoint, read_checkpoint
+from pola_gnt.runs.pretrained import MAX_BYTES, read_manifest
+
+SHIPPED = ("pola_gnt", "gnt")
+
+
+def test_both_models_are_shipped_and_match_their_manifest():
+    manifest = read_manifest()
+    assert set(SHIPPED) <= set(manifest)
+    for name in SHIPPED:
+        entry, path = manifest[name], pretrained_dir() / f"{name}.ckpt"
+        assert path.stat().st_size == entry["bytes"] <= MAX_BYTES
+        assert file_sha256(path) == entry["sha256"]
+        checkpoint = read_checkpoint(pretrained_checkpoint(f"pretrained:{name}"))
+        assert checkpoint["hyper_parameters"]["config"]["model"]["name"] == entry["model"] == name
+        assert checkpoint["global_step"] == entry["global_step"] and "optimizer_states" not in checkpoint
+        assert entry["command"].startswith("python -m pola_gnt.train experiment=pretrain")
+        assert "fern" not in entry["training_scenes"] and entry["zero_shot"]["fern"]["mode"] == "zero-shot"
+
+
+def test_an_unknown_shipped_name_is_one_error_line(tmp_path):
+    result = run_in_process("eval", "scene=demo", "ckpt_path=pretrained:nothing", f"hydra.run.dir={tmp_path}")
+    assert_one_error_line(result, "pretrained:nothing", "pretrained:pola_gnt")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_shipped_checkpoint_scores_its_manifest_on_fern(name, llff_root, lpips_alex_weights, tmp_path):
+    """`python -m pola_gnt.eval scene=fern ckpt_path=pretrained:NAME`, zero-shot: the manifest's metrics."""
+    result = run_in_process(
+        "eval",
+        "scene=fern",
+        f"ckpt_path=pretrained:{name}",
+        f"data.root={llff_root}",
+        f"metrics.lpips_weights={lpips_alex_weights}",
+        "output.save_images=false",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    document = json.loads((tmp_path / "metrics.json").read_text())
+    expected = read_manifest()[name]["zero_shot"]["fern"]["mean"]
+    assert document["mode"] == "zero-shot" and document["seen_in_training"] is False
+    for metric in ("psnr", "ssim", "lpips"):
+        assert document["mean"][metric] == pytest.approx(expected[metric], abs=2e-3), metric
+
+
+def test_shipping_slims_the_checkpoint_and_refuses_an_oversized_one(tiny_runs, tmp_path, monkeypatch):
+    """`ship_checkpoint`: the weights, run config, step, training record and training time stay; the
+    optimiser and loop states go; the manifest entry names the file's sha256; over the size limit,
+    nothing is written."""
+    from pola_gnt.runs import pretrained
+    from pola_gnt.runs.checkpoints import TRAINING_RECORD
+
+    source = tiny_runs["pola_gnt"] / "checkpoints" / "last.ckpt"
+    entry = pretrained.ship_checkpoint(source, "tiny", {"model": "pola_gnt"}, folder=tmp_path)
+    shipped = read_checkpoint(tmp_path / "tiny.ckpt")
+    original = read_checkpoint(source)
+    assert set(shipped) <= set(original) and "optimizer_states" not in shipped and "loops" not in shipped
+    assert shipped[TRAINING_RECORD] == original[TRAINING_RECORD] and shipped["global_step"] == original["global_step"]
+    assert all(torch.equal(value, original["state_dict"][name]) for name, value in shipped["state_dict"].items())
+    assert entry["sha256"] == file_sha256(tmp_path / "tiny.ckpt") == read_manifest(tmp_path)["tiny"]["sha256"]
+    assert entry["bytes"] < (tmp_path / "tiny.ckpt").stat().st_size + 1 < source.stat().st_size
+    monkeypatch.setattr(pretrained, "MAX_BYTES", 1000)
+    with pytest.raises(UserError, match="over the package's limit"):
+        pretrained.ship_checkpoint(source, "big", {}, folder=tmp_path)
+    assert not (tmp_path / "big.ckpt").exists() and "big" not in read_manifest(tmp_path)
