@@ -50,7 +50,7 @@ def test_a_registered_view_kind_is_listed_built_and_removed():
         class MeanOfViews(nn.Module):
             """A trivial view attention: the mean of the visible view tokens."""
 
-            def __init__(self, dim: int, heads: int):
+            def __init__(self, dim: int, heads: int, dropout: float = 0.0):
                 super().__init__()
                 self.dim, self.heads = dim, heads
 
@@ -76,7 +76,7 @@ def test_a_registered_ray_kind_gets_lepe_and_is_removed():
 
         @register_ray_attention("identity")
         class Identity(nn.Module):
-            def __init__(self, dim: int, heads: int, lepe: bool = True):
+            def __init__(self, dim: int, heads: int, lepe: bool = True, dropout: float = 0.0):
                 super().__init__()
                 self.lepe = lepe
 

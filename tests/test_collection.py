@@ -92,10 +92,12 @@ def test_steps_are_a_function_of_seed_rank_and_step(scene_folders):
 
     first, again, other = steps(0), steps(0), steps(1)
     for step in (0, 7, 31):
-        a, b = first[step], again[step]
+        a, b = first[step].targets[0], again[step].targets[0]
         assert a.view == b.view and torch.equal(a.rays.origins, b.rays.origins) and torch.equal(a.rgb, b.rgb)
         assert a.sample_seed == b.sample_seed
-    assert any(not torch.equal(first[s].rays.directions, other[s].rays.directions) for s in range(5))
+    assert any(
+        not torch.equal(first[s].targets[0].rays.directions, other[s].targets[0].rays.directions) for s in range(5)
+    )
     scenes = {first.scenes.draw(np.random.default_rng([0, 0, s])).name for s in range(40)}
     assert scenes == {"alpha", "beta"}
 
@@ -320,7 +322,7 @@ def test_generated_scenes_are_drawn_and_loaded_with_their_rig():
     assert scenes.names == ["procedural-0-0000", "procedural-0-0001"]
     steps = TrainSteps(scenes, settings.data, 6, seed=0, rank=0)
     for step in range(6):
-        batch = steps[step]
+        batch = steps[step].targets[0]
         assert batch.rgb.shape == (settings.data.rays_per_step, 3) and torch.isfinite(batch.rays.origins).all()
     for item in groups[0].scenes:
         if item in scenes.cache:

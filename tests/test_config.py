@@ -25,6 +25,7 @@ from pola_gnt.data.datamodule import TrainSteps, crop_views, source_batch
 from pola_gnt.data.sampling import crop_size, draw_crop, scaled_ray_count
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.data.settings import ProcessDataSettings, RandomCrop
+from pola_gnt.evaluation.metrics import PROTOCOL_DEFAULTS
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 from pola_gnt.runs.config.app import CONFIG_NAME, GPU_CONFIG_NAME, default_config_name
 from pola_gnt.runs.config.read import check_scene, read_process_data_settings, read_run_settings, read_video_settings
@@ -60,6 +61,8 @@ def no_gpu(monkeypatch):
         ("model.net.encoder_input_scale=1.5", "model.net.encoder_input_scale"),
         ("model.net.readout_consistency_prior=-1", "model.net.readout_consistency_prior"),
         ("model.net.readout_source_colour=sometimes", "model.net.readout_source_colour"),
+        ("model.net.compat=ibrnet", "model.net.compat"),
+        ("model.net.compat=gnt", "model.net.view_attention"),  # GNT's network: its attention kinds
         ("model.compile=maybe", "model.compile"),
         ("model.net.encoder.stage_blocks=[1]", "model.net.encoder"),
         ("model.net.encoder.stage_channels=[8,0,8]", "model.net.encoder.stage_channels"),
@@ -146,7 +149,8 @@ def test_with_a_gpu_the_defaults_are_gpu_bf16_and_standard(gpu_present):
     assert default_config_name() == GPU_CONFIG_NAME
     cfg = compose_config(name=GPU_CONFIG_NAME)
     assert _choices(cfg) == ("gpu", "standard", "gpu", "bf16-mixed")
-    assert cfg.trainer.max_steps == 16000 and cfg.model.net.width == 64 and cfg.data.rays_per_step == 2048
+    assert cfg.trainer.max_steps == 16000 and cfg.model.net.width == 64 and cfg.data.rays_per_step == 512
+    assert cfg.data.targets_per_step == 4  # 4 x 512 rays: half the paper's 8 x 512
     # The rest of the config is the project's: the GPU file only changes the two choices.
     cpu = OmegaConf.to_container(compose_config("trainer=gpu", "experiment=standard"), resolve=False)
     gpu = OmegaConf.to_container(cfg, resolve=False)
@@ -163,7 +167,7 @@ def test_with_a_gpu_the_defaults_are_gpu_bf16_and_standard(gpu_present):
         (GPU_CONFIG_NAME, ["experiment=paper", "trainer=cpu"], ("cpu", "paper", "cpu", "32-true")),
         (GPU_CONFIG_NAME, ["trainer=ddp"], ("ddp", "standard", "auto", "bf16-mixed")),
         (CONFIG_NAME, ["trainer=gpu"], ("gpu", "quick", "gpu", "bf16-mixed")),
-        (CONFIG_NAME, ["experiment=paper"], ("gpu", "paper", "gpu", "bf16-mixed")),  # paper selects the GPU
+        (CONFIG_NAME, ["experiment=paper"], ("gpu", "paper", "gpu", "32-true")),  # paper selects the GPU, in fp32
         (CONFIG_NAME, ["experiment=paper", "trainer=cpu"], ("cpu", "paper", "cpu", "32-true")),
     ],
 )
@@ -196,7 +200,7 @@ def test_the_choice_is_printed_and_cfg_job_follows_the_machine(tmp_path, monkeyp
 def test_a_gpu_trainer_without_a_gpu_is_one_error_line(tmp_path, no_gpu):
     result = run_in_process("train", "experiment=paper", f"hydra.run.dir={tmp_path}")
     assert (
-        result.stdout.splitlines()[0] == "device: cuda (bf16; selected by experiment=paper), experiment: paper (given)"
+        result.stdout.splitlines()[0] == "device: cuda (fp32; selected by experiment=paper), experiment: paper (given)"
     )
     assert_one_error_line(result, "trainer.accelerator", "trainer=cpu")
     assert list(tmp_path.iterdir()) == [Path(tmp_path, ".hydra")]  # Hydra's record only, nothing of a run
@@ -218,7 +222,7 @@ def test_gnt_crop_sizes():
 
 def test_draw_crop_stays_inside_the_image_and_covers_it():
     rng = np.random.default_rng(0)
-    windows = [draw_crop(rng, (250, 750), 240000, (756, 1008)) for _ in range(3000)]
+    windows = [draw_crop(rng, (250, 750), 240000, (756, 1008), "anywhere") for _ in range(3000)]
     assert all(w is not None for w in windows)  # every GNT size fits LLFF at factor 4
     tops, lefts = np.array([w[0] for w in windows]), np.array([w[1] for w in windows])
     for top, left, height, width in windows:
@@ -226,7 +230,7 @@ def test_draw_crop_stays_inside_the_image_and_covers_it():
     assert tops.min() == 0 and lefts.min() == 0  # uniform placement reaches the borders
     assert max(w[0] + w[2] for w in windows) == 756 and max(w[1] + w[3] for w in windows) == 1008
     # At factor 8 (378 x 504) no GNT size fits: the image is used whole, as in GNT's code.
-    assert all(draw_crop(rng, (250, 750), 240000, (378, 504)) is None for _ in range(200))
+    assert all(draw_crop(rng, (250, 750), 240000, (378, 504), "anywhere") is None for _ in range(200))
 
 
 def test_crop_views_cuts_target_and_sources_alike_and_shifts_intrinsics():
@@ -274,7 +278,7 @@ def test_training_steps_crop_consistently_and_scale_the_rays():
     counts = set()
     for steps in [TrainSteps(scene, settings.data, 12, seed=0, rank=0)]:
         for step in range(12):
-            batch = steps[step]
+            batch = steps[step].targets[0]
             images = batch.sources.images
             height, width = images.shape[-2:]
             assert (height, width) in RandomCrop((40, 80), 4000).sizes()
@@ -306,13 +310,13 @@ def test_without_the_recipe_the_steps_are_unchanged():
     scene = load_scene(*scene_and_data(cfg))
     plain = TrainSteps(scene, read_run_settings(cfg).data, 4, seed=0, rank=0)
     for step in range(4):
-        batch = plain[step]
+        batch = plain[step].targets[0]
         assert len(batch.rgb) == 64 and batch.sources.images.shape[-2:] == scene.images.shape[1:3]
     # The random crop only changes what the crop draws, after the views.
     cropped = compose_config(*TINY_OVERRIDES, "data.random_crop={heights:[40,80],area:4000}")
     with_crop = TrainSteps(scene, read_run_settings(cropped).data, 4, seed=0, rank=0)
     for step in range(4):
-        assert torch.equal(plain[step].sources.ids, with_crop[step].sources.ids)
+        assert torch.equal(plain[step].targets[0].sources.ids, with_crop[step].targets[0].sources.ids)
 
 
 @pytest.mark.parametrize(
@@ -404,6 +408,11 @@ def test_run_settings_mirror_the_yaml_key_for_key(model, experiment):
     assert isinstance(raw, dict)
     raw.pop("hydra", None)
     yaml_leaves, settings_leaves = _yaml_leaves(raw), _settings_leaves(read_run_settings(cfg))
+    # a null LPIPS network or quantisation is the protocol's own: the settings hold the resolved value
+    protocol = PROTOCOL_DEFAULTS[yaml_leaves["metrics.protocol"]]
+    for key, default in (("metrics.lpips_net", protocol.lpips_net), ("metrics.quantize_8bit", protocol.quantize_8bit)):
+        if yaml_leaves[key] is None:
+            yaml_leaves[key] = default
     assert sorted(yaml_leaves) == sorted(settings_leaves)
     assert yaml_leaves == settings_leaves
 

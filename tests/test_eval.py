@@ -70,6 +70,7 @@ def test_gnt_protocol_is_labelled_and_scores_every_second_pixel(tiny_runs, tmp_p
     assert document["lpips_net"] == "vgg"  # GNT's network when lpips_net is not given
     assert document["metric_settings"]["ssim_padding"] == "same"
     assert "GNT" in document["metric_settings"]["lpips_input_range"]
+    assert document["metric_settings"]["quantize_8bit"] is False  # GNT scored the unquantised predictions
     assert document["resolution"] == [47, 63]  # the 94 x 126 test images, every 2nd pixel
     assert len(document["per_image"]) == 3 and document["n_samples"] == stored.render.n_samples
     assert iio.imread(tmp_path / "test_views" / "image000_pred.png").shape == (47, 63, 3)

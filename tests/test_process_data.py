@@ -25,6 +25,7 @@ from pola_gnt.data.capture import prepare_capture, sharpness
 from pola_gnt.data.images import to_uint8
 from pola_gnt.data.llff import load_llff_scene, read_poses_bounds
 from pola_gnt.data.processing import process_data, training_factor, undistort_to_pinhole
+from pola_gnt.data.transforms import load_transforms_scene, read_transforms
 from pola_gnt.geometry.cameras import llff_to_opencv
 
 pytest.importorskip("pycolmap")
@@ -90,6 +91,8 @@ def test_fern_scene_layout_reads_with_the_loader(fern_processed):
         "images_8",
         "poses_bounds.npy",
         "process_data.json",
+        "sparse_pc.ply",
+        "transforms.json",
     ]
     assert {p.name for p in (out / "colmap" / "sparse" / "0").iterdir()} >= {
         "cameras.bin",
@@ -116,6 +119,28 @@ def test_fern_scene_layout_reads_with_the_loader(fern_processed):
     assert small.resolution == (height // 8, width // 8)
     assert np.allclose(small.cameras.c2w.numpy(), full.cameras.c2w.numpy())
     assert iio.imread(out / "images_4" / "image000.png").shape == (height // 4, width // 4, 3)
+
+
+def test_transforms_json_gives_the_cameras_of_poses_bounds(fern_processed):
+    """`transforms.json` (nerfstudio's OpenGL axes), read back by the transforms reader (OpenCV axes),
+    gives the cameras of the same run's `poses_bounds.npy` to 1e-6, and the same scene."""
+    out, summary = fern_processed
+    cameras = read_transforms(out)
+    poses, _ = read_poses_bounds(out / "poses_bounds.npy")
+    assert np.abs(cameras.c2w - llff_to_opencv(poses[:, :, :4])).max() < 1e-6
+    height, width, focal = poses[0, :, 4]
+    assert (cameras.height, cameras.width) == (height, width) == tuple(summary["resolution"])
+    assert np.abs(cameras.intrinsics[:, [0, 1], [0, 1]] - focal).max() < 1e-6
+    assert np.abs(cameras.intrinsics[:, :2, 2] - [width / 2, height / 2]).max() < 1e-6
+    assert [f.name for f in cameras.files] == sorted(p.name for p in (out / "images").iterdir())
+    scene, llff = load_transforms_scene(out, factor=8), load_llff_scene(out, factor=8)
+    assert scene.bounds_reason == "the point cloud" and scene.rig == llff.rig == "forward"
+    assert torch.equal(scene.images, llff.images)  # the same images_8/ (process_data's, resized by about 8)
+    # ... and the same principal point and horizontal focal; the LLFF loader keeps fy = fx where the
+    # height's ratio differs a little (373 -> 46 rows), this reader scales each axis by its own ratio.
+    assert torch.allclose(
+        scene.cameras.intrinsics[:, [0, 0, 1], [0, 2, 2]], llff.cameras.intrinsics[:, [0, 0, 1], [0, 2, 2]]
+    )
 
 
 def test_same_capture_same_scene(fern_processed, fern_dir, tmp_path):

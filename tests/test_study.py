@@ -419,6 +419,7 @@ def _write_metrics(
     protocol: str = "gnt",
     lpips_net: str = "vgg",
     mtime: float | None = None,
+    per_image: list[dict] | None = None,
 ) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     scores = {"psnr": psnr, "ssim": 0.5 + psnr / 100, "lpips": 0.3 - psnr / 200}
@@ -433,7 +434,7 @@ def _write_metrics(
                 "resolution": [378, 504],
                 "mean": scores,
                 "baseline": {"method": "nearest_train_image", "psnr": 15.0, "ssim": 0.4, "lpips": None},
-                "per_image": [],
+                "per_image": per_image or [],
             }
         )
     )
@@ -516,3 +517,22 @@ def test_multirun_trains_every_model_and_the_report_pairs_them(tmp_path, tiny_ru
     )
     assert float(difference["psnr_mean"]) == pytest.approx(expected)
     assert "### pola_gnt − gnt, paired by scene and seed" in result.stdout
+
+
+def test_multi_scene_means_both_ways_pooled_images_and_scene_means(tmp_path):
+    """GNT's eval.py averaged every image of every scene: a scene with more test views weighs more.
+    The report gives that pooled mean and the mean of scene means, each labelled."""
+    runs = tmp_path / "runs"
+    for scene, psnr, images in (("fern", 20.0, 3), ("room", 30.0, 6)):
+        per_image = [{"index": i, "name": f"{i}.png", "psnr": psnr} for i in range(images)]
+        _write_metrics(runs / scene / "gnt" / "metrics.json", scene, "gnt", psnr, per_image=per_image)
+    rows = write_report([runs], tmp_path / "out")
+    (mean,) = [r for r in rows if r.kind == "mean"]
+    (pooled,) = [r for r in rows if r.kind == "pooled"]
+    assert mean.scores["psnr"] == pytest.approx(25.0) and mean.scene == "mean (2 scenes)"
+    assert pooled.scores["psnr"] == pytest.approx((3 * 20.0 + 6 * 30.0) / 9)
+    assert pooled.scene == "pooled: 9 images of 2 scenes" and pooled.n_images == 9
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "pooled: 9 images of 2 scenes" in markdown and "mean (2 scenes)" in markdown
+    assert "kind" in (tmp_path / "out" / "report.csv").read_text().splitlines()[0]
+    assert any(line.startswith("pooled,") for line in (tmp_path / "out" / "report.csv").read_text().splitlines())

@@ -20,7 +20,7 @@ from helpers import (
 from lightning_fabric.utilities.apply_func import move_data_to_device
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from pola_gnt.data.batches import RayBatch
+from pola_gnt.data.batches import RayBatch, TrainingBatch
 from pola_gnt.data.datamodule import TrainSteps
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.evaluation.metrics import mse_to_psnr
@@ -35,7 +35,7 @@ def test_real_configs_compose(model, experiment):
     assert cfg.model.name == model
     if experiment == "paper":  # GNT's published single-scene setting
         assert (cfg.data.factor, cfg.data.num_source_views, cfg.render.n_samples) == (4, 10, 192)
-        assert (cfg.data.rays_per_step, cfg.trainer.max_steps) == (4096, 250000)
+        assert (cfg.data.targets_per_step, cfg.data.rays_per_step, cfg.trainer.max_steps) == (8, 512, 250000)
         assert cfg.model.net.width == 64 and cfg.model.net.n_blocks == 4
     expected = {"pola_gnt": ("pola", "pola"), "gnt": ("subtraction", "softmax")}[model]
     assert (cfg.model.net.view_attention, cfg.model.net.ray_attention) == expected
@@ -60,7 +60,7 @@ def test_overfit_one_batch(model):
     torch.manual_seed(0)
     cfg = compose_config(f"model={model}", *TINY_OVERRIDES, "data.rays_per_step=256")
     scene = load_scene(*scene_and_data(cfg))
-    batch = TrainSteps(scene, read_run_settings(cfg).data, n_steps=1, seed=0, rank=0)[0]
+    batch = TrainSteps(scene, read_run_settings(cfg).data, n_steps=1, seed=0, rank=0)[0].targets[0]
     system = system_of(cfg)
     optimizer = system.configure_optimizers()["optimizer"]
     losses = []
@@ -79,20 +79,28 @@ def test_ranks_and_steps_draw_different_rays():
     cfg = compose_config(*TINY_OVERRIDES)
     scene = load_scene(*scene_and_data(cfg))
     steps = {rank: TrainSteps(scene, read_run_settings(cfg).data, 10, seed=0, rank=rank) for rank in (0, 1)}
-    rank_0, rank_1 = steps[0][3].rays, steps[1][3].rays
+    rank_0, rank_1 = steps[0][3].targets[0].rays, steps[1][3].targets[0].rays
     assert not torch.equal(rank_0.origins + rank_0.directions, rank_1.origins + rank_1.directions)
-    assert not torch.equal(steps[0][3].rgb, steps[0][4].rgb)
-    again = TrainSteps(scene, read_run_settings(cfg).data, 10, seed=0, rank=1)[5]  # a step's batch is reproducible
-    assert torch.equal(steps[1][5].rgb, again.rgb) and steps[1][5].sample_seed == again.sample_seed
-    assert len({steps[rank][step].sample_seed for rank in (0, 1) for step in (3, 4)}) == 4  # the model's jitter too
+    assert not torch.equal(steps[0][3].targets[0].rgb, steps[0][4].targets[0].rgb)
+    again = TrainSteps(scene, read_run_settings(cfg).data, 10, seed=0, rank=1)[5].targets[
+        0
+    ]  # a step's batch is reproducible
+    assert (
+        torch.equal(steps[1][5].targets[0].rgb, again.rgb) and steps[1][5].targets[0].sample_seed == again.sample_seed
+    )
+    assert (
+        len({steps[rank][step].targets[0].sample_seed for rank in (0, 1) for step in (3, 4)}) == 4
+    )  # the model's jitter too
 
 
 def test_lightning_moves_every_tensor_of_a_typed_batch():
     """Lightning's device transfer walks the batch dataclasses, the `Rays` and the sources included."""
     cfg = compose_config(*TINY_OVERRIDES, "data.crop=[40,60]")
     scene = load_scene(*scene_and_data(cfg))
-    batch = TrainSteps(scene, read_run_settings(cfg).data, 2, seed=0, rank=0)[1]
-    moved = apply_to_collection(batch, torch.Tensor, lambda tensor: tensor.double())
+    step = TrainSteps(scene, read_run_settings(cfg).data, 2, seed=0, rank=0)[1]
+    moved_step = apply_to_collection(step, torch.Tensor, lambda tensor: tensor.double())
+    assert isinstance(moved_step, TrainingBatch) and moved_step.step == 1
+    batch, moved = step.targets[0], moved_step.targets[0]
     tensors = {
         "rays.origins": moved.rays.origins,
         "rays.directions": moved.rays.directions,
@@ -189,7 +197,7 @@ def test_compiled_network_matches_eager():
     gives the eager network's colours and gradients on a training batch. Minutes: the compilation."""
     cfg = compose_config(*cfg_overrides(False))
     scene = load_scene(*scene_and_data(cfg))
-    batch = TrainSteps(scene, read_run_settings(cfg).data, n_steps=1, seed=0, rank=0)[0]
+    batch = TrainSteps(scene, read_run_settings(cfg).data, n_steps=1, seed=0, rank=0)[0].targets[0]
     results = []
     for compile_network in (False, True):
         torch.manual_seed(0)

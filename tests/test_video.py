@@ -4,6 +4,7 @@ agreement with a direct render, no broken file after an interruption, bad values
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import imageio_ffmpeg
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import assert_one_error_line, compose_config, run_in_process, run_module, scene_and_data, system_of
+from lightning_fabric import Fabric
 from omegaconf import OmegaConf
 
 from pola_gnt.core.errors import UserError
@@ -22,9 +24,18 @@ from pola_gnt.evaluation.metrics import mse_to_psnr
 from pola_gnt.geometry.camera_paths import focus_depth, interpolate_path, spiral_path
 from pola_gnt.model.renderer import RenderedImage, render_image
 from pola_gnt.runs.checkpoints import read_checkpoint
-from pola_gnt.runs.config.read import read_video_settings
+from pola_gnt.runs.config.read import read_run_settings, read_video_settings
 from pola_gnt.runs.config.stored import stored_run_config
-from pola_gnt.runs.video import DEPTH_VIDEO, RGB_VIDEO, frame_source_views, write_videos
+from pola_gnt.runs.render_budget import CPU_BUDGET_MB, budget_chunk_rays, bytes_per_ray
+from pola_gnt.runs.video import (
+    DEPTH_VIDEO,
+    FRAMES_FOLDER,
+    RGB_VIDEO,
+    frame_source_views,
+    render_frames,
+    video_camera_path,
+    write_videos,
+)
 
 VIDEO_FACTOR = 64  # the demo scene at 63 x 47: fast, and odd sides exercise the even padding
 VIDEO_FRAMES = 5
@@ -91,12 +102,23 @@ def test_interpolated_path_passes_through_the_training_cameras(scene):
 
 @pytest.mark.parametrize(
     "key, value",
-    [("frames", 0), ("frames", 2.5), ("fps", 0), ("fps", -30), ("path", "orbit"), ("radius_scale", 0), ("crf", 60)],
+    [
+        ("frames", 0),
+        ("frames", 2.5),
+        ("fps", 0),
+        ("fps", -30),
+        ("path", "orbit"),
+        ("path", "path.txt"),
+        ("save_path", "path.txt"),
+        ("radius_scale", 0),
+        ("crf", 60),
+    ],
 )
 def test_bad_video_settings_name_their_key(key, value):
     video = OmegaConf.create(
         {
             "path": "spiral",
+            "save_path": None,
             "frames": 120,
             "fps": 30,
             "rotations": 2,
@@ -239,3 +261,64 @@ def test_bad_render_options_are_one_error_line(tmp_path):
     result = run_in_process("render_video", "ckpt_path=missing.ckpt", "video.frames=0", f"hydra.run.dir={tmp_path}")
     assert_one_error_line(result, "video.frames")
     assert not list(tmp_path.glob("*.mp4"))
+
+
+# ---- frames kept as rendered, resume, encoder once, memory-budgeted chunks -------------------------
+
+
+def test_a_stopped_render_resumes_with_the_same_frames(tiny_runs, tiny_video, tmp_path):
+    """A run stopped after its first frames (here: the later frames and the mp4s removed, as a kill
+    leaves them) and run again renders only the missing frames, and its mp4s decode to exactly the
+    frames of the uninterrupted run."""
+    checkpoint = tiny_runs["pola_gnt"] / "checkpoints" / "last.ckpt"
+    frames_dir = tiny_video / FRAMES_FOLDER
+    assert sorted(p.name for p in (frames_dir / "rgb").iterdir()) == [f"{i:06d}.png" for i in range(VIDEO_FRAMES)]
+    run_dir = tmp_path / "run"
+    shutil.copytree(frames_dir, run_dir / FRAMES_FOLDER)
+    for index in range(2, VIDEO_FRAMES):
+        (run_dir / FRAMES_FOLDER / "depth" / f"{index:06d}.png").unlink()
+    (run_dir / FRAMES_FOLDER / "rgb" / f"{VIDEO_FRAMES - 1:06d}.png").unlink()
+    overrides = [f"ckpt_path={checkpoint}", f"data.factor={VIDEO_FACTOR}", f"video.frames={VIDEO_FRAMES}"]
+    result = run_in_process("render_video", *overrides, f"video.fps={VIDEO_FPS}", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resuming    2 of {VIDEO_FRAMES} frames" in result.stdout
+    for name in (RGB_VIDEO, DEPTH_VIDEO):
+        assert np.array_equal(read_video(run_dir / name)[1], read_video(tiny_video / name)[1]), name
+    # Frames of another render are refused, not mixed in (one error line).
+    changed = run_in_process("render_video", *overrides, "video.rotations=3", f"hydra.run.dir={run_dir}")
+    assert_one_error_line(changed, str(run_dir / FRAMES_FOLDER), "camera_path")
+
+
+def test_each_training_view_is_encoded_once_per_video(tiny_runs, scene):
+    checkpoint_path = tiny_runs["pola_gnt"] / "checkpoints" / "last.ckpt"
+    checkpoint = read_checkpoint(checkpoint_path)
+    config = stored_run_config(checkpoint, checkpoint_path)
+    system = system_of(config)
+    system.load_state_dict(checkpoint["state_dict"])
+    net = system.net.eval()
+    encoded: list[int] = []
+    encode = net.encode
+    net.encode = lambda images: (encoded.append(len(images)), encode(images))[1]  # type: ignore[method-assign]
+    settings = read_run_settings(compose_config("data.factor=32", "video.frames=6", "video.scale=0.1")).video
+    path = video_camera_path(scene, settings)
+    fabric = Fabric(accelerator="cpu", devices=1)
+    frames = list(render_frames(net, scene, path, 3, system.sampler, 4096, fabric))
+    used = {view for c2w in path.c2w for view in frame_source_views(scene, c2w, 3)}
+    assert [index for index, _ in frames] == list(range(6))
+    assert sum(encoded) == len(used) < 6 * 3  # each view once, not once per frame
+
+
+def test_render_chunks_fit_the_memory_budget():
+    settings = read_run_settings(compose_config("render.chunk_rays=4096"))
+    net, render = settings.model.net, settings.render
+    per_ray = bytes_per_ray(net, render.n_samples, 10)
+    cpu = torch.device("cpu")
+    assert render.max_memory_mb is None  # the default: by device
+    expected = min(4096, int(CPU_BUDGET_MB * 2**20 // per_ray))
+    assert budget_chunk_rays(render, net, 10, cpu) == expected
+    small = read_run_settings(compose_config("render.chunk_rays=4096", "render.max_memory_mb=1")).render
+    assert budget_chunk_rays(small, net, 10, cpu) == max(1, int(2**20 // per_ray)) < 4096
+    tiny = read_run_settings(compose_config("render.max_memory_mb=0.0001")).render
+    assert budget_chunk_rays(tiny, net, 10, cpu) == 1
+    with pytest.raises(UserError, match="render.max_memory_mb"):
+        read_run_settings(compose_config("render.max_memory_mb=-5"))

@@ -16,6 +16,8 @@ from the attention itself (never NaN) in every kind.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from jaxtyping import Bool, Float
@@ -95,18 +97,19 @@ def _check_heads(dim: int, heads: int, even_head_dim: bool = False) -> None:
         raise ValueError(f"pola attention needs an even head dim, got dim {dim} / heads {heads}")
 
 
-def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
-    """Scaled dot-product attention `[..., heads, Nq, d]` with a key mask `[..., Nk]`.
+def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, dropout: float = 0.0) -> Tensor:
+    """Scaled dot-product attention `[..., heads, Nq, d]` with a key mask `[..., Nk]` and dropout at
+    rate `dropout` on the attention weights (pass 0 outside training).
 
     SDPA gives NaN for a row whose keys are all masked; such rows attend to every key instead (so the
     computation and its gradients stay finite) and their output is then zeroed.
     """
     if key_mask is None:
-        return F.scaled_dot_product_attention(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
     any_visible = key_mask.any(dim=-1, keepdim=True)  # [..., 1]
     safe_mask = key_mask | ~any_visible
     attn_mask = safe_mask[..., None, None, :]  # [..., 1 (heads), 1 (queries), Nk]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
     return out * any_visible[..., None, None, :].to(out.dtype)
 
 
@@ -176,9 +179,10 @@ class PolaAttentionBase(nn.Module):
 
 @register_view_attention("pola")
 class PolaViewAttention(PolaAttentionBase):
-    """Polarity-aware cross-attention from the point token to its views (no LePE: views are a set)."""
+    """Polarity-aware cross-attention from the point token to its views (no LePE: views are a set).
+    Linear attention forms no weight matrix, so it has no weights to drop (`dropout` is ignored)."""
 
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0):
         super().__init__(dim, heads)
         self.to_qg = nn.Linear(dim, 2 * dim)
         self.to_kv = nn.Linear(dim, 2 * dim)
@@ -211,10 +215,10 @@ class PolaViewAttention(PolaAttentionBase):
 class SoftmaxViewAttention(nn.Module):
     """Multi-head dot-product cross-attention over views, relative-direction embedding on k and v."""
 
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0):
         super().__init__()
         _check_heads(dim, heads)
-        self.heads = heads
+        self.heads, self.dropout = heads, dropout
         self.to_q = nn.Linear(dim, dim)
         self.to_kv = nn.Linear(dim, 2 * dim)
         self.pos_fc = relative_direction_mlp(dim)
@@ -230,7 +234,8 @@ class SoftmaxViewAttention(nn.Module):
         q = split_heads(self.to_q(query).unsqueeze(-2), self.heads)  # [points, heads, 1, head_dim]
         kv = keys_values_with_directions(view_tokens, rel_dirs, self.to_kv.weight, self.to_kv.bias, self.pos_fc)
         k, v = (split_heads(x, self.heads) for x in kv.chunk(2, dim=-1))  # k + pos, v + pos
-        attended = merge_heads(masked_sdpa(q, k, v, view_mask)).squeeze(-2)
+        dropout = self.dropout if self.training else 0.0
+        attended = merge_heads(masked_sdpa(q, k, v, view_mask, dropout)).squeeze(-2)
         return self.proj(attended)
 
 
@@ -241,11 +246,18 @@ class SubtractionViewAttention(nn.Module):
     `A = softmax_views(attn_fc(k - q + pos))`, `out = out_fc(sum_v (v + pos) * A)`. The original
     computes the values from the already-projected keys (`V = Wv(Wk x)`); here `V = Wv(x)`.
     Per-channel attention has no heads; `heads` is accepted for a uniform constructor only.
+    `dropout` drops attention weights while training (GNT's `dp` after the softmax).
+
+    A point that no view sees gets zero from the attention. With `zero_unseen_points` False it gets
+    GNT's uniform weights over all its views instead (GNT's code masks with -1e9, so when every view is
+    masked the softmax is uniform); the model sets that for GNT's checkpoints (`model.net.compat: gnt`).
     """
 
-    def __init__(self, dim: int, heads: int = 1):
+    def __init__(self, dim: int, heads: int = 1, dropout: float = 0.0):
         super().__init__()
         _check_heads(dim, heads)
+        self.zero_unseen_points = True
+        self.weight_dropout = nn.Dropout(dropout)
         self.to_q = nn.Linear(dim, dim, bias=False)
         self.to_k = nn.Linear(dim, dim, bias=False)
         self.to_v = nn.Linear(dim, dim, bias=False)
@@ -270,7 +282,11 @@ class SubtractionViewAttention(nn.Module):
         any_visible = view_mask.any(dim=-1, keepdim=True)  # [points, 1]
         excluded = (~view_mask & any_visible).unsqueeze(-1)
         weights = torch.softmax(scores.masked_fill(excluded, float("-inf")), dim=-2)
-        weights = weights * view_mask.unsqueeze(-1).to(weights.dtype)
+        if self.zero_unseen_points:
+            weights = weights * view_mask.unsqueeze(-1).to(weights.dtype)
+        else:  # GNT: uniform over all views where none is visible
+            weights = torch.where(any_visible.unsqueeze(-1), weights, torch.full_like(weights, 1 / weights.shape[-2]))
+        weights = self.weight_dropout(weights)
         return self.out_fc((v_pos * weights).sum(dim=-2))
 
 
@@ -280,9 +296,10 @@ class SubtractionViewAttention(nn.Module):
 
 @register_ray_attention("pola")
 class PolaRayAttention(PolaAttentionBase):
-    """Polarity-aware self-attention over the samples of a ray, with an optional 1-D LePE."""
+    """Polarity-aware self-attention over the samples of a ray, with an optional 1-D LePE (no weight
+    matrix, so no weights to drop: `dropout` is ignored)."""
 
-    def __init__(self, dim: int, heads: int, lepe: bool = True):
+    def __init__(self, dim: int, heads: int, lepe: bool = True, dropout: float = 0.0):
         super().__init__(dim, heads)
         self.to_qkvg = nn.Linear(dim, 4 * dim)
         # Locally-enhanced positional encoding: depthwise conv of v along the samples.
@@ -327,12 +344,12 @@ class PolaRayAttention(PolaAttentionBase):
 @register_ray_attention("softmax")
 class SoftmaxRayAttention(nn.Module):
     """GNT's original ray attention: multi-head dot-product softmax self-attention over samples.
-    It has no LePE; `lepe` is accepted for a uniform constructor only."""
+    It has no LePE; `lepe` is accepted for a uniform constructor only. `dropout`: GNT's `attn_dp`."""
 
-    def __init__(self, dim: int, heads: int, lepe: bool = True):
+    def __init__(self, dim: int, heads: int, lepe: bool = True, dropout: float = 0.0):
         super().__init__()
         _check_heads(dim, heads)
-        self.heads = heads
+        self.heads, self.dropout = heads, dropout
         self.to_qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
@@ -340,7 +357,16 @@ class SoftmaxRayAttention(nn.Module):
         self, tokens: Float[Tensor, "rays samples dim"], sample_mask: Bool[Tensor, "rays samples"] | None = None
     ) -> Float[Tensor, "rays samples dim"]:
         q, k, v = (split_heads(x, self.heads) for x in self.to_qkv(tokens).chunk(3, dim=-1))
-        return self.proj(merge_heads(masked_sdpa(q, k, v, sample_mask)))
+        dropout = self.dropout if self.training else 0.0
+        return self.proj(merge_heads(masked_sdpa(q, k, v, sample_mask, dropout)))
+
+    def first_query_weights(self, tokens: Float[Tensor, "rays samples dim"]) -> Float[Tensor, "rays samples"]:
+        """The attention weights of the first sample over all samples, averaged over the heads (GNT's
+        `ret_alpha` depth weights, without dropout): `tokens` `[rays, samples, dim]` -> `[rays, samples]`."""
+        q, k, _ = self.to_qkv(tokens).chunk(3, dim=-1)
+        q, k = split_heads(q[:, :1], self.heads), split_heads(k, self.heads)  # [rays, heads, 1 | samples, d]
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # [rays, heads, 1, samples]
+        return torch.softmax(scores, dim=-1).mean(dim=1)[:, 0]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -351,13 +377,13 @@ VIEW_ATTENTION_KINDS = tuple(VIEW_ATTENTIONS)  # ("pola", "softmax", "subtractio
 RAY_ATTENTION_KINDS = tuple(RAY_ATTENTIONS)  # ("pola", "softmax")
 
 
-def build_view_attention(kind: str, dim: int, heads: int) -> nn.Module:
+def build_view_attention(kind: str, dim: int, heads: int, dropout: float = 0.0) -> nn.Module:
     """View (cross) attention of a registered kind (`registry.VIEW_ATTENTIONS`): "pola", "softmax" or
-    "subtraction"."""
-    return lookup(VIEW_ATTENTIONS, "view", kind)(dim, heads)
+    "subtraction", dropping attention weights at rate `dropout` while training (kinds that form them)."""
+    return lookup(VIEW_ATTENTIONS, "view", kind)(dim, heads, dropout)
 
 
-def build_ray_attention(kind: str, dim: int, heads: int, lepe: bool = True) -> nn.Module:
+def build_ray_attention(kind: str, dim: int, heads: int, lepe: bool = True, dropout: float = 0.0) -> nn.Module:
     """Ray (self) attention of a registered kind (`registry.RAY_ATTENTIONS`): "pola" or "softmax"
-    (`lepe` applies to pola only)."""
-    return lookup(RAY_ATTENTIONS, "ray", kind)(dim, heads, lepe)
+    (`lepe` applies to pola only; `dropout` as `build_view_attention`)."""
+    return lookup(RAY_ATTENTIONS, "ray", kind)(dim, heads, lepe, dropout)

@@ -1,9 +1,9 @@
 """The attention kinds, one registry per role: kind name -> constructor.
 
-    VIEW_ATTENTIONS[kind](dim, heads)         view (cross) attention:
+    VIEW_ATTENTIONS[kind](dim, heads, dropout)        view (cross) attention:
         forward(query [points, dim], view_tokens [points, views, dim], rel_dirs [points, views, 4],
                 view_mask bool [points, views]) -> [points, dim]
-    RAY_ATTENTIONS[kind](dim, heads, lepe)    ray (self) attention:
+    RAY_ATTENTIONS[kind](dim, heads, lepe, dropout)   ray (self) attention:
         forward(tokens [rays, samples, dim], sample_mask bool [rays, samples] | None) -> [rays, samples, dim]
 
 The built-in kinds (`modules`) register in this order: view "pola", "softmax", "subtraction"; ray
@@ -13,8 +13,9 @@ The built-in kinds (`modules`) register in this order: view "pola", "softmax", "
 
 Adding a kind, in one place: a module class in `modules` with the constructor and forward of its role
 above, decorated with `@register_view_attention("name")` or `@register_ray_attention("name")` (a ray
-kind without a LePE accepts `lepe` and ignores it). Each kind's class is where its parameters, and so
-its checkpoints, are defined.
+kind without a LePE accepts `lepe` and ignores it; `dropout` is the rate on the attention weights while
+training, GNT's `attn_dp`, which a kind without explicit weights, like pola, accepts and ignores).
+Each kind's class is where its parameters, and so its checkpoints, are defined.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from typing import TypeVar
 
 from torch import nn
 
-ViewAttentionFactory = Callable[[int, int], nn.Module]  # (dim, heads)
-RayAttentionFactory = Callable[[int, int, bool], nn.Module]  # (dim, heads, lepe)
+ViewAttentionFactory = Callable[[int, int, float], nn.Module]  # (dim, heads, dropout)
+RayAttentionFactory = Callable[[int, int, bool, float], nn.Module]  # (dim, heads, lepe, dropout)
 
 VIEW_ATTENTIONS: dict[str, ViewAttentionFactory] = {}
 RAY_ATTENTIONS: dict[str, RayAttentionFactory] = {}

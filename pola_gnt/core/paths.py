@@ -24,6 +24,21 @@ def default_data_root() -> Path:
     return PROJECT_ROOT / "data" / "nerf_llff_data"
 
 
+SYNTHETIC_ENV = "POLA_GNT_SYNTHETIC"
+
+
+def default_synthetic_root() -> Path:
+    """The folder holding NeRF's synthetic (Blender) scenes: `$POLA_GNT_SYNTHETIC`, else `nerf_synthetic/`
+    in `$POLA_GNT_DATA` or beside the LLFF scenes' folder (`data/nerf_synthetic` in the project)."""
+    env = os.environ.get(SYNTHETIC_ENV)
+    if env:
+        return Path(env).expanduser()
+    data = os.environ.get(DATA_ENV)
+    if data and (Path(data).expanduser() / "nerf_synthetic").is_dir():
+        return Path(data).expanduser() / "nerf_synthetic"
+    return default_data_root().parent / "nerf_synthetic"
+
+
 def demo_scene_dir() -> Path:
     """Where the synthetic demo scene is generated on first use: `$POLA_GNT_DEMO`, else `data/demo`
     in the project (git-ignored)."""

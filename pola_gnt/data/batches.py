@@ -1,9 +1,10 @@
 """Typed batches, from the data module through the LightningModule to the model.
 
-Three kinds, one per loader: `RayBatch` (a training step's random rays of one target view, and the
-fixed validation rays), `ViewBatch` (a held-out view, rendered whole at test time), both carrying
-their `SourceBatch`. A `Rays` travels whole from the data module into the model. Lightning moves
-every tensor of a batch to the device (dataclasses are walked field by field).
+One kind per loader: `TrainingBatch` (a training step: the random rays of one or more target views,
+each a `RayBatch`), `RayBatch` (also the fixed validation rays), `ViewBatch` (a held-out view,
+rendered whole at test time), each target carrying its `SourceBatch`. A `Rays` travels whole from
+the data module into the model. Lightning moves every tensor of a batch to the device (dataclasses
+and lists are walked item by item).
 """
 
 from __future__ import annotations
@@ -38,6 +39,20 @@ class RayBatch:
     sources: SourceBatch
     sample_seed: int | None = None  # a training step's seed of its jittered depth samples; None: fixed samples
     step: int | None = None  # the global step a training batch belongs to
+
+
+@dataclass
+class TrainingBatch:
+    """One training step: `data.targets_per_step` target views, each with its own source views, crop and
+    rays (GNT's recipe: one target on each of 8 GPUs; here as many on one device). The loss is the mean
+    of the targets' losses, as DDP's mean of the GPUs' gradients."""
+
+    targets: list[RayBatch]
+    step: int  # the global step
+
+    @property
+    def n_rays(self) -> int:
+        return sum(len(target.rgb) for target in self.targets)
 
 
 @dataclass

@@ -1,9 +1,11 @@
-"""Lightning data: one target view per training step with its source views and random rays.
+"""Lightning data: `data.targets_per_step` target views per training step, each with its source views
+and random rays.
 
-Every random choice of a training step (its scene when training over a collection, target view, source
-views, crop, rays, and the seed of the
-model's sample jitter) is a pure function of `(seed, rank, step)`, so a resumed run sees exactly the batches an
-uninterrupted run would, and each DDP rank draws different rays.
+Every random choice of a training step (for each target: its scene when training over a collection,
+target view, source views, crop, rays, and the seed of the model's sample jitter) is a pure function
+of `(seed, rank, step)`, drawn from one random stream target after target, so a resumed run sees
+exactly the batches an uninterrupted run would, each DDP rank draws different rays, and a step of
+one target draws exactly what it drew before several targets were possible.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from pola_gnt.data.batches import RayBatch, SourceBatch, ViewBatch
+from pola_gnt.data.batches import RayBatch, SourceBatch, TrainingBatch, ViewBatch
 from pola_gnt.data.collection import TrainingScenes
-from pola_gnt.data.sampling import draw_crop, scaled_ray_count
+from pola_gnt.data.sampling import draw_crop, draw_crop_position, scaled_ray_count
 from pola_gnt.data.scene import Scene
 from pola_gnt.data.settings import DataSettings
 from pola_gnt.data.source_views import nearest_views, random_training_views, scene_selection_points
@@ -43,9 +45,11 @@ def eval_source_ids(scene: Scene, view: int, count: int) -> list[int]:
     return nearest_views(points[view], points, scene.train_ids, count, exclude=view)
 
 
-class TrainSteps(Dataset[RayBatch]):
-    """Item `step`: the training batch of that global step (on this rank): its scene (a collection's
-    draw, or the run's one scene), target view, source views, crop and rays."""
+class TrainSteps(Dataset[TrainingBatch]):
+    """Item `step`: the training batch of that global step (on this rank): for each of its targets, the
+    scene (a collection's draw, or the run's one scene), target view, source views, crop and rays. The
+    targets of one step are distinct views (a scene with fewer training views than targets repeats
+    none until it has used them all)."""
 
     def __init__(self, scenes: TrainingScenes | Scene, data: DataSettings, n_steps: int, seed: int, rank: int):
         self.scenes = scenes if isinstance(scenes, TrainingScenes) else TrainingScenes.single(scenes, data)
@@ -57,14 +61,33 @@ class TrainSteps(Dataset[RayBatch]):
     def __len__(self) -> int:
         return self.n_steps
 
-    def __getitem__(self, step: int) -> RayBatch:
+    def __getitem__(self, step: int) -> TrainingBatch:
         rng = np.random.default_rng([self.seed, self.rank, step])
-        scene, data = self.scenes.draw(rng), self.data
-        target = int(rng.choice(scene.train_ids))
+        drawn: dict[str, list[int]] = {}  # per scene, the targets this step has drawn
+        targets = []
+        for _ in range(self.data.targets_per_step):
+            scene = self.scenes.draw(rng)
+            used = drawn.setdefault(str(scene.path), [])
+            candidates = [i for i in scene.train_ids if i not in used] or scene.train_ids
+            target = int(rng.choice(candidates))
+            used.append(target)
+            targets.append(self._target_batch(scene, target, step, rng))
+        return TrainingBatch(targets=targets, step=step)
+
+    def _target_batch(self, scene: Scene, target: int, step: int, rng: np.random.Generator) -> RayBatch:
+        """One target's source views, crop and rays, drawn from `rng`."""
+        data = self.data
         points = scene_selection_points(scene)
         if data.random_source_views:
             source_ids = random_training_views(
-                points[target], points, scene.train_ids, data.num_source_views, target, rng
+                points[target],
+                points,
+                scene.train_ids,
+                data.num_source_views,
+                target,
+                rng,
+                data.source_pool_weights,
+                data.target_as_source_rate,
             )
         else:
             source_ids = nearest_views(points[target], points, scene.train_ids, data.num_source_views, exclude=target)
@@ -96,10 +119,10 @@ class TrainSteps(Dataset[RayBatch]):
         data = self.data
         if data.crop:
             crop_h, crop_w = (int(x) for x in data.crop)
-            height, width = image_size
-            return int(rng.integers(height - crop_h + 1)), int(rng.integers(width - crop_w + 1)), crop_h, crop_w
+            position = draw_crop_position(rng, (crop_h, crop_w), image_size, data.crop_placement)
+            return None if position is None else (*position, crop_h, crop_w)
         if data.random_crop is not None:
-            return draw_crop(rng, data.random_crop.heights, data.random_crop.area, image_size)
+            return draw_crop(rng, data.random_crop.heights, data.random_crop.area, image_size, data.crop_placement)
         return None
 
 

@@ -14,7 +14,8 @@ import torch
 
 from pola_gnt.core.errors import UserError, check_int
 from pola_gnt.data.images import ensure_image_folder, list_images, read_images
-from pola_gnt.data.scene import Scene
+from pola_gnt.data.scene import Scene, bounds_depth_range
+from pola_gnt.data.source_views import resolve_rig
 from pola_gnt.geometry.cameras import Cameras, llff_to_opencv, normalise_poses
 
 ROTATION_TOLERANCE = 1e-2  # max |R^T R - I| of a pose rotation (COLMAP's are exact to ~1e-7 in float32)
@@ -23,8 +24,8 @@ ROTATION_TOLERANCE = 1e-2  # max |R^T R - I| of a pose rotation (COLMAP's are ex
 def load_llff_scene(
     path: str | Path, factor: int = 8, llffhold: int = 8, name: str | None = None, rig: str = "forward"
 ) -> Scene:
-    """Load and normalise an LLFF scene (`rig`: how its source views are chosen, `source_views.RIGS`).
-    Bad input raises `UserError` naming the file."""
+    """Load and normalise an LLFF scene (`rig`: how its source views are chosen, `source_views.RIG_CHOICES`;
+    auto: decided from the cameras). Bad input raises `UserError` naming the file."""
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"{path}: scene folder not found")
@@ -47,22 +48,32 @@ def load_llff_scene(
         .clone()
     )
 
-    ids = list(range(len(image_files)))
-    test_ids = ids[::llffhold] if llffhold > 0 else []
-    train_ids = [i for i in ids if i not in test_ids]
+    train_ids, test_ids = llffhold_split(len(image_files), llffhold)
+    bounds_tensor = torch.from_numpy(bounds).float()
+    c2w_tensor = torch.from_numpy(c2w).float()
+    rig, rig_reason = resolve_rig(rig, c2w_tensor)
     return Scene(
         name=name or path.name,
         path=path,
         factor=factor,
         image_names=[f.name for f in image_files],
         images=torch.from_numpy(images).float() / 255.0,
-        cameras=Cameras(torch.from_numpy(c2w).float(), intrinsics, int(height), int(width)),
-        bounds=torch.from_numpy(bounds).float(),
+        cameras=Cameras(c2w_tensor, intrinsics, int(height), int(width)),
+        bounds=bounds_tensor,
         train_ids=train_ids,
         test_ids=test_ids,
         scale=scale,
         rig=rig,
+        depth_range=bounds_depth_range(bounds_tensor),
+        rig_reason=rig_reason,
     )
+
+
+def llffhold_split(n_views: int, llffhold: int) -> tuple[list[int], list[int]]:
+    """LLFF's split: every `llffhold`-th view (0, N, 2N, ...) is a test view (none when 0)."""
+    ids = list(range(n_views))
+    test_ids = ids[::llffhold] if llffhold > 0 else []
+    return [i for i in ids if i not in test_ids], test_ids
 
 
 def read_poses_bounds(file: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -8,6 +8,8 @@ Turns a capture (a folder of photos or a video) into a scene in the LLFF layout 
   `images_4/`, `images_8/` (area filter, as the loader builds them),
 - `poses_bounds.npy` (N x 17: LLFF's `[down, right, back | t | h w f]` and near/far per view from
   the 0.1 / 99.9 percentiles of the depths of the points the view sees), registered views only,
+- `transforms.json` (the same cameras for nerfstudio and `scene=transforms`: OpenGL axes, COLMAP's
+  world frame, a pinhole camera) and `sparse_pc.ply` (the well-triangulated points, its `ply_file_path`),
 - `colmap/sparse/0/` (COLMAP's model, before undistortion), `process_data.json` (summary).
 
 Everything is written into a hidden temporary folder next to `out` and renamed into place at the
@@ -46,6 +48,7 @@ from pola_gnt.data.colmap import (
 )
 from pola_gnt.data.images import downsample_folder, image_folder_name, read_image
 from pola_gnt.data.settings import ProcessDataSettings
+from pola_gnt.data.transforms import TRANSFORMS_FILE, transforms_document, write_ply_points
 from pola_gnt.geometry.cameras import opencv_to_llff
 
 MIN_IMAGES = 3
@@ -122,6 +125,7 @@ def process_data(settings: ProcessDataSettings) -> dict:
         reliable = reliable_points(model)
         bounds = np.array([view_bounds(model, registered[name], reliable) for name in kept])
         np.save(staging / "poses_bounds.npy", poses_bounds_array(c2w, bounds, height, width, focal))
+        write_transforms(staging, model, reliable, [f"images/{name}" for name in kept], c2w, focal, width, height)
         timings["write_s"] = time.time() - stage
 
         camera_info = model.cameras[registered[kept[0]].camera_id]
@@ -163,6 +167,22 @@ def process_data(settings: ProcessDataSettings) -> dict:
             f"{width // factor}x{height // factor}; the CPU preset trains at about {QUICK_WIDTH} px wide)"
         )
     return summary
+
+
+POINT_CLOUD_FILE = "sparse_pc.ply"  # nerfstudio's name
+
+
+def write_transforms(
+    folder: Path, model, reliable: set[int], files: list[str], c2w: np.ndarray, focal: float, width: int, height: int
+) -> None:
+    """`transforms.json` (nerfstudio's format) beside `poses_bounds.npy`: the same OpenCV cameras in
+    OpenGL axes, and the reliable points (all when none is) as `sparse_pc.ply` for its bounds."""
+    ids = sorted(reliable) or sorted(model.points3D)
+    points = np.array([model.points3D[i].xyz for i in ids], dtype=np.float64).reshape(-1, 3)
+    colours = np.array([model.points3D[i].color for i in ids], dtype=np.uint8).reshape(-1, 3)
+    write_ply_points(folder / POINT_CLOUD_FILE, points, colours)
+    document = transforms_document(files, c2w, focal, width, height, POINT_CLOUD_FILE)
+    (folder / TRANSFORMS_FILE).write_text(json.dumps(document, indent=2) + "\n")
 
 
 def training_factor(width: int, target: int = QUICK_WIDTH) -> int:

@@ -14,8 +14,8 @@ from pola_gnt.data.sampling import crop_size, scaled_ray_count
 class SceneSettings:
     name: str
     kind: str  # one of pola_gnt.data.scenes.SCENE_KINDS
-    path: str | None  # the scene folder; None: data.root / name (the demo: its generated folder)
-    rig: str  # forward (LLFF-like) | object (cameras around an object, DTU-like): how source views are chosen
+    path: str | None  # the scene folder; None: data.root / name (blender: data.synthetic_root / name; demo: generated)
+    rig: str  # auto (from the cameras) | forward (LLFF-like) | object (around an object): how sources are chosen
 
 
 @dataclass(frozen=True)
@@ -61,20 +61,27 @@ class RandomCrop:
 @dataclass(frozen=True)
 class DataSettings:
     root: str | None  # folder of the scene folders; None: $POLA_GNT_DATA or data/nerf_llff_data
+    synthetic_root: str | None  # NeRF's Blender scenes; None: $POLA_GNT_SYNTHETIC or nerf_synthetic/ by data.root
     factor: int
+    synthetic_factor: int  # NeRF's Blender scenes: frames at 800 / synthetic_factor px
     llffhold: int
+    test_views: int | None  # test views scored, evenly spaced over the scene's; None: all
     num_source_views: int
     random_source_views: bool
-    rays_per_step: int
+    source_pool_weights: tuple[float, ...] | None  # weights of the pool factor k in {1, 2, 3}; None: uniform
+    target_as_source_rate: float  # GNT: the share of steps in which the target replaces one of its source views
+    targets_per_step: int  # target views per step, each with its own sources, crop and rays (GNT: 1 per GPU)
+    rays_per_step: int  # per target view
     crop: tuple[int, int] | None  # fixed [height, width] training crop
     random_crop: RandomCrop | None  # GNT's random-size training crop
+    crop_placement: str  # anywhere | gnt (GNT's: 1 px from the top and left edges, 2 from the far ones)
     scale_rays_with_views: bool  # GNT: rays per step x num_source_views / views drawn
     val_rays: int
     cache_mb: int  # collections: loaded scenes kept in memory up to this many MB (least recently drawn dropped)
 
     def max_rays(self) -> int:
-        """The most rays a training step can draw: more than `rays_per_step` when the rays scale with
-        the views drawn and fewer than `num_source_views` are drawn (at least 1, at most 2 fewer)."""
+        """The most rays one target of a training step can draw: more than `rays_per_step` when the rays
+        scale with the views drawn and fewer than `num_source_views` are drawn (at least 1, at most 2 fewer)."""
         if not (self.scale_rays_with_views and self.random_source_views):
             return self.rays_per_step
         fewest = max(1, self.num_source_views - 2)

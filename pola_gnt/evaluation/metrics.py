@@ -31,6 +31,7 @@ import sys
 import warnings
 import zipfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import kornia
@@ -48,6 +49,22 @@ from pola_gnt.data.images import read_image as read_rgb8
 
 LPIPS_NETS = ("alex", "vgg")
 PROTOCOLS = ("standard", "gnt")  # standard, or GNT-compatible (see docs/metrics_protocol.md)
+
+
+@dataclass(frozen=True)
+class ProtocolDefaults:
+    """What a protocol scores with unless `metrics.lpips_net` / `metrics.quantize_8bit` say otherwise."""
+
+    lpips_net: str
+    quantize_8bit: bool
+
+
+# GNT's eval.py scored LPIPS-VGG on the unquantised predictions (as NeRF and IBRNet reported);
+# the standard protocol scores what a saved 8-bit PNG holds, with LPIPS-Alex (as nerfbaselines).
+PROTOCOL_DEFAULTS = {
+    "standard": ProtocolDefaults(lpips_net="alex", quantize_8bit=True),
+    "gnt": ProtocolDefaults(lpips_net="vgg", quantize_8bit=False),
+}
 SSIM_PADDINGS = ("valid", "same")
 SSIM_WINDOW = 11
 LOGGED_MIN_MSE = 1e-10  # training / validation PSNR and the analysis' ray PSNR stop at 100 dB

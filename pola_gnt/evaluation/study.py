@@ -4,8 +4,9 @@ Reads run folders (every `metrics.json` below the paths given), keeps the newest
 builds the report's tables:
 
 - the main table: one row per (scene, model) grouped per model and mode, each group closed by its mean
-  over the scenes (the 8-scene LLFF mean when all eight are there), next to the published reference
-  numbers;
+  over the scenes (the 8-scene LLFF mean when all eight are there) and, for several scenes, its mean
+  over every test image of those scenes (pooled, as GNT's eval.py averaged: scenes with more test
+  views weigh more), next to the published reference numbers;
 - the seeded study: per scene, model, mode and condition, mean and standard deviation over seeds of
   PSNR / SSIM / LPIPS with the training wall time, steps and steps per second; the paired difference
   Pola-GNT minus GNT (paired by scene and seed within one mode) and the paired difference fine-tuned
@@ -95,7 +96,7 @@ REFERENCE_SCENE = "LLFF 8-scene mean"
 class Row:
     """One line of the table: a run's scene mean, a group mean or a published reference."""
 
-    kind: str  # "run" | "mean" | "reference"
+    kind: str  # "run" | "seeds" | "mean" (of scene means) | "pooled" (over images) | "reference"
     model: str
     scene: str
     protocol: str
@@ -103,6 +104,7 @@ class Row:
     scores: dict[str, float | None]
     baseline: dict[str, float | None] = field(default_factory=lambda: dict.fromkeys(METRICS))
     n_scenes: int = 1
+    n_images: int | None = None  # test images scored (per run; a group's total over its scenes)
     source: str = ""
     mtime: float = 0.0
     seed: int | None = None
@@ -173,6 +175,8 @@ def load_run(path: Path) -> Row:
             header[key] = document[key]
         scores = _scores(document.get("mean"), "mean")
         baseline = _scores(document.get("baseline"), "baseline")
+        per_image = document.get("per_image")
+        n_images = len(per_image) if isinstance(per_image, list) and per_image else None
         study = _study_fields(document)
     except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise UserError(f"{path}: malformed {METRICS_FILE} ({err})") from None
@@ -186,6 +190,7 @@ def load_run(path: Path) -> Row:
         baseline,
         source=str(path),
         mtime=path.stat().st_mtime,
+        n_images=n_images,
         **study,
     )
 
@@ -333,6 +338,7 @@ def scene_rows(runs: list[Row]) -> list[Row]:
                 steps_per_s=_optional_mean([r.steps_per_s for r in members]),
                 test_time_s=_optional_mean([r.test_time_s for r in members]),
                 n_seeds=len(members),
+                n_images=members[0].n_images if len({r.n_images for r in members}) == 1 else None,
                 spread={m: _std([r.scores[m] for r in members]) for m in METRICS},
                 source=", ".join(r.source for r in members),
             )
@@ -370,9 +376,42 @@ def group_mean(rows: list[Row]) -> Row:
     )
 
 
+def pooled_mean(rows: list[Row]) -> Row | None:
+    """Mean over every test image of one group's scenes (GNT's multi-scene figure: eval.py appends each
+    image's scores and averages them): each scene's mean over its seeds weighted by its number of test
+    images. None for one scene (the same as its mean) or when a run does not say how many images it scored."""
+    per_scene = scene_rows(rows)
+    counts = [row.n_images for row in per_scene]
+    if len(per_scene) < 2 or any(count is None for count in counts):
+        return None
+    weights = [float(count or 0) for count in counts]
+    total = sum(weights)
+
+    def weighted(values: list[float | None]) -> float | None:
+        if any(value is None for value in values):
+            return None
+        return sum(w * float(v or 0.0) for w, v in zip(weights, values, strict=True)) / total
+
+    first = rows[0]
+    return Row(
+        "pooled",
+        first.model,
+        f"pooled: {int(total)} images of {len(per_scene)} scenes",
+        first.protocol,
+        first.lpips_net,
+        scores={m: weighted([row.scores[m] for row in per_scene]) for m in METRICS},
+        baseline={m: weighted([row.baseline[m] for row in per_scene]) for m in METRICS},
+        n_scenes=len(per_scene),
+        n_images=int(total),
+        condition=first.condition,
+        mode=first.mode,
+        n_seeds=len(rows),
+    )
+
+
 def table_rows(runs: list[Row]) -> list[Row]:
     """Runs grouped per (model, mode, protocol, LPIPS net, condition), scenes in LLFF order then seeds,
-    each group then its mean."""
+    each group then its mean of scene means and (several scenes) its mean over the pooled images."""
     groups: dict[tuple[str, str, str, str, str], list[Row]] = {}
     for row in runs:
         groups.setdefault((row.model, row.mode, row.protocol, row.lpips_net, row.condition), []).append(row)
@@ -381,6 +420,9 @@ def table_rows(runs: list[Row]) -> list[Row]:
         members = sorted(groups[key], key=lambda r: (_scene_order(r.scene), _seed_order(r)))
         ordered.extend(members)
         ordered.append(group_mean(members))
+        pooled = pooled_mean(members)
+        if pooled is not None:
+            ordered.append(pooled)
     return ordered
 
 
@@ -605,6 +647,7 @@ CSV_FIELDS = (
     "model",
     "scene",
     "n_scenes",
+    "n_images",
     "protocol",
     "lpips_net",
     *METRICS,
@@ -638,6 +681,7 @@ def report_csv(rows: Sequence[Row]) -> str:
                 "model": row.model,
                 "scene": row.scene,
                 "n_scenes": row.n_scenes,
+                "n_images": _csv_number(row.n_images),
                 "protocol": row.protocol,
                 "lpips_net": row.lpips_net,
                 **{m: "" if row.scores[m] is None else repr(row.scores[m]) for m in METRICS},
@@ -758,11 +802,11 @@ def markdown_table(rows: Sequence[Row]) -> list[str]:
         cells.append(row.lpips_net)
         if row.kind == "reference":
             cells += ["—", "—", "—"]
-        elif row.kind == "mean":
+        elif row.kind in ("mean", "pooled"):
             cells += [f"{row.n_seeds} run{'s' if row.n_seeds != 1 else ''}", row.mode, row.condition]
         else:
             cells += ["n/a" if row.seed is None else str(row.seed), row.mode, row.condition]
-        if row.kind == "mean":
+        if row.kind in ("mean", "pooled"):
             cells = [f"**{c}**" for c in cells]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -913,7 +957,9 @@ def report_markdown(
         "",
         "Test-view means per scene; the nearest-view columns score the closest training image, unwarped "
         "(a no-learning baseline). Bold rows average the scenes of the group above them (each scene's "
-        "seeds averaged first). The mode says how the weights met the scene: per-scene (trained from "
+        "seeds averaged first): the mean of scene means, then, for several scenes, the mean over every "
+        "test image of them (`pooled`, as GNT's eval.py averaged its images; scenes with more test views "
+        "weigh more). The mode says how the weights met the scene: per-scene (trained from "
         "scratch on it), fine-tuned (pretrained on other scenes, then trained on it), zero-shot "
         "(pretrained on other scenes only: no training budget on the scene); modes are never averaged "
         "together.",

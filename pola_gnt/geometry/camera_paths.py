@@ -1,5 +1,6 @@
-"""Fly-through camera paths for `render_video`: GNT's spiral around the average pose, and a smooth
-path through the training cameras.
+"""Fly-through camera paths for `render_video` and the viewer: GNT's spiral around the average pose,
+a smooth path through any keyframes (the training cameras, or cameras a user placed), and the
+conversions to nerfstudio's camera_path.json conventions (OpenGL camera axes, vertical field of view).
 
 All poses are OpenCV camera-to-world matrices `[4, 4]` (x right, y down, z forward) in the scene's
 normalised world frame; paths are computed in float64 and returned as float32 `[frames, 4, 4]`.
@@ -18,6 +19,9 @@ from torch import Tensor
 from pola_gnt.geometry.cameras import average_pose, look_at
 
 PATH_KINDS = ("spiral", "interpolate")
+# OpenCV <-> OpenGL camera axes (x right, y down, z forward <-> x right, y up, z backward): the same
+# matrix both ways, applied to the rotation's columns.
+_FLIP_YZ = torch.tensor([1.0, -1.0, -1.0, 1.0], dtype=torch.float64)
 RADIUS_PERCENTILE = 90.0  # GNT / NeRF: spiral radii from the 90th percentile of camera offsets
 
 
@@ -119,3 +123,28 @@ def interpolate_path(
     c2w[:, :3, :3] = torch.from_numpy(slerped.as_matrix())
     c2w[:, :3, 3] = _catmull_rom(controls, u)
     return c2w.float()
+
+
+def flip_camera_axes(c2w: Float[Tensor, "*frames 4 4"]) -> Float[Tensor, "*frames 4 4"]:
+    """OpenCV c2w <-> OpenGL c2w (nerfstudio, three.js): the y and z camera axes negated, the centre kept."""
+    return c2w * _FLIP_YZ.to(c2w)
+
+
+def focal_from_fov(fov_degrees: Float[Tensor, "*frames"], height: int) -> Float[Tensor, "*frames"]:
+    """Focal length in pixels of a vertical field of view (degrees) over `height` pixels."""
+    return 0.5 * height / torch.tan(torch.deg2rad(fov_degrees.double()) / 2.0)
+
+
+def fov_from_focal(focal: Float[Tensor, "*frames"], height: int) -> Float[Tensor, "*frames"]:
+    """Vertical field of view (degrees) of a focal length in pixels over `height` pixels."""
+    return torch.rad2deg(2.0 * torch.atan(0.5 * height / focal.double()))
+
+
+def fov_intrinsics(fov_degrees: Float[Tensor, " frames"], height: int, width: int) -> Float[Tensor, "frames 3 3"]:
+    """Pinhole intrinsics `[frames, 3, 3]` of square pixels and a centred principal point (the
+    project's convention and nerfstudio's) from vertical fields of view in degrees."""
+    focal = focal_from_fov(fov_degrees, height)
+    intrinsics = torch.zeros(len(focal), 3, 3, dtype=torch.float64)
+    intrinsics[:, 0, 0] = intrinsics[:, 1, 1] = focal
+    intrinsics[:, 0, 2], intrinsics[:, 1, 2], intrinsics[:, 2, 2] = width / 2.0, height / 2.0, 1.0
+    return intrinsics.float()

@@ -76,14 +76,27 @@ class _ConvNormELU(nn.Sequential):
 
 
 class UpBlock(nn.Module):
-    """Bilinear x2 upsampling to the skip's size, conv, concatenation with the skip, conv."""
+    """Bilinear x2 upsampling to the skip's size, conv, concatenation with the skip, conv.
 
-    def __init__(self, in_channels: int, skip_channels: int, out_channels: int):
+    `gnt_padding`: GNT's decoder instead, which doubles the size and pads the skip with zeros to it
+    (half the difference before, the rest after). Where a side is not a multiple of 2 there (LLFF's
+    756 rows, most crops), its skip and upsampled maps are misaligned by up to a pixel per level, and
+    the feature map comes out larger than the image's quarter, so that reading it in the image's
+    normalised coordinates is off by up to 9 image pixels at the far edges. Kept for GNT's checkpoints
+    (`model.net.compat: gnt`), not fixed."""
+
+    def __init__(self, in_channels: int, skip_channels: int, out_channels: int, gnt_padding: bool = False):
         super().__init__()
         self.up_conv = _ConvNormELU(in_channels, skip_channels)
         self.merge_conv = _ConvNormELU(2 * skip_channels, out_channels)
+        self.gnt_padding = gnt_padding
 
     def forward(self, x: Tensor, skip: Tensor) -> Tensor:
+        if self.gnt_padding:
+            x = self.up_conv(F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True))
+            extra_rows, extra_cols = x.shape[-2] - skip.shape[-2], x.shape[-1] - skip.shape[-1]
+            padding = (extra_cols // 2, extra_cols - extra_cols // 2, extra_rows // 2, extra_rows - extra_rows // 2)
+            return self.merge_conv(torch.cat([F.pad(skip, padding), x], dim=1))
         # Resizing to the skip's exact size is the x2 upsampling, also for odd sizes (ceil division).
         x = F.interpolate(x, size=skip.shape[-2:], mode="bilinear", align_corners=True)
         x = self.up_conv(x)
@@ -95,10 +108,13 @@ class ImageEncoder(nn.Module):
 
     GNT's `stage_channels` / `stage_blocks` are the first three stages of ResNet-34 (about 9 M
     parameters); CPU presets shrink them. The number of stages sets the depth of the U-Net; the
-    output is always at the first stage's resolution (1/4).
+    output is always at the first stage's resolution (1/4). `gnt_compatible` (`model.net.compat: gnt`):
+    GNT's code, which reads its [0, 1] input as it is (not centred; halving the stem's weights would
+    say the same but for rounding, which the InstanceNorms amplify to 2e-5) and has the zero-padded
+    decoder (`UpBlock`), whose output is `2^(stages - 1) ceil(side / 2^(stages + 1))` per side.
     """
 
-    def __init__(self, settings: EncoderSettings):
+    def __init__(self, settings: EncoderSettings, gnt_compatible: bool = False):
         super().__init__()
         stage_channels, stage_blocks = settings.stage_channels, settings.stage_blocks
         feature_channels = self.feature_channels = settings.feature_channels
@@ -115,8 +131,11 @@ class ImageEncoder(nn.Module):
         self.up_blocks = nn.ModuleList()
         for level in reversed(range(len(stage_channels) - 1)):
             out_channels = stage_channels[level] if level > 0 else feature_channels
-            self.up_blocks.append(UpBlock(stage_channels[level + 1], stage_channels[level], out_channels))
+            self.up_blocks.append(
+                UpBlock(stage_channels[level + 1], stage_channels[level], out_channels, gnt_padding=gnt_compatible)
+            )
         self.out_conv = nn.Conv2d(feature_channels, feature_channels, 1)
+        self.gnt_compatible = gnt_compatible
 
     def forward(self, images: Float[Tensor, "views 3 height width"]) -> Float[Tensor, "views channels h w"]:
         # Reflect padding and InstanceNorm need at least 2 pixels per side at the deepest stage,
@@ -128,7 +147,8 @@ class ImageEncoder(nn.Module):
                 f"pixels per side for {len(self.stages)} stages (raise the image size or "
                 f"model.net.encoder_input_scale)"
             )
-        x = self.stem(images * 2.0 - 1.0)  # centre the [0, 1] input
+        # Centre the [0, 1] input (GNT's code does not).
+        x = self.stem(images if self.gnt_compatible else images * 2.0 - 1.0)
         skips = []
         for stage in self.stages:
             x = stage(x)

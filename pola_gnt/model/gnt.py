@@ -28,6 +28,15 @@ Changes from the original GNT code (its bugs, see docs):
 - a point is inside a source image when it falls on a pixel's area (up to half a pixel beyond the
   outer pixel centres; GNT: only between them) and is read with border padding, so the edge strip
   reads the edge pixels' colours instead of a blend with the zero padding.
+
+`compat: gnt` (`NetSettings.compat`) undoes these changes and every other difference that weights
+cannot express, for GNT's converted checkpoints (`pola_gnt.runs.gnt_checkpoints`): GNT's read-out
+(LayerNorm, mean over all samples, `Linear`; depth from the first sample's row of the last ray
+attention, averaged over heads), no masking in the ray attention, max over all views, uniform view
+weights for points no view sees, GNT's edge test and zero padding (values not zeroed where a view does
+not see the point; behind the camera GNT reads zeros too), its relative-direction epsilons, its
+encoder (input not centred, zero-padded decoder) and LayerNorm eps 1e-6 in the blocks. The rest is in
+the converted weights.
 """
 
 from __future__ import annotations
@@ -39,11 +48,14 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
+from pola_gnt.attention.modules import SubtractionViewAttention
 from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
 from pola_gnt.geometry.rays import Rays, points_along_rays
 from pola_gnt.model.encoder import ImageEncoder
 from pola_gnt.model.settings import NetSettings
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
+
+GNT_NORM_EPS = 1e-6  # the epsilon of the LayerNorms in GNT's transformer blocks (its read-out's: 1e-5)
 
 
 @dataclass
@@ -75,46 +87,64 @@ class GatheredSamples:
 
 
 def _bilinear_read(
-    maps: Float[Tensor, "views channels h w"], grid: Float[Tensor, "views points 2"]
+    maps: Float[Tensor, "views channels h w"], grid: Float[Tensor, "views points 2"], padding_mode: str = "border"
 ) -> Float[Tensor, "views points channels"]:
     """Read `maps` `[views, C, h, w]` at normalised `grid` `[views, points, 2]` -> `[views, points, C]`.
 
     Border padding: a point up to half a pixel outside the outer pixel centres is inside the image
     (it falls on an edge pixel's area, `project_points`) and reads that edge pixel's value, as a
-    point on any other pixel's area reads nearby values; zero padding would blend it with black.
+    point on any other pixel's area reads nearby values; zero padding (GNT's) would blend it with black.
     """
     values = F.grid_sample(
-        maps, grid[:, :, None, :], mode="bilinear", padding_mode="border", align_corners=True
+        maps, grid[:, :, None, :], mode="bilinear", padding_mode=padding_mode, align_corners=True
     )  # [views, C, points, 1]
     return values[..., 0].transpose(1, 2)
 
 
 def gather_source_samples(
-    points: Float[Tensor, "rays samples 3"], target_centers: Float[Tensor, "rays 3"], sources: SourceViews
+    points: Float[Tensor, "rays samples 3"],
+    target_centers: Float[Tensor, "rays 3"],
+    sources: SourceViews,
+    gnt_compatible: bool = False,
 ) -> GatheredSamples:
     """Project `points` `[rays, samples, 3]` into every source view and read colour and features.
 
     `target_centers` `[rays, 3]` are the ray origins. Colours are read from the full-resolution
     images; the feature maps at the same normalised coordinates (`align_corners=True`, so an integer
     pixel `(u, v)` of the image reads exactly that pixel). Runs in fp32 even under autocast: bf16
-    pixel coordinates would be off by pixels.
+    pixel coordinates would be off by pixels. `gnt_compatible`: GNT's edge test (between the outer
+    pixel centres), zero padding, values kept where a view does not see the point in front of it, and
+    GNT's relative-direction epsilons (see the module docstring).
     """
     n_rays, n_samples, _ = points.shape
     height, width = sources.images.shape[-2:]
+    padding_mode = "zeros" if gnt_compatible else "border"
     with torch.autocast(device_type=points.device.type, enabled=False):
         points = points.float()
-        projection = project_points(points, sources.c2w.float(), sources.intrinsics.float(), height, width)
+        projection = project_points(
+            points,
+            sources.c2w.float(),
+            sources.intrinsics.float(),
+            height,
+            width,
+            edge_margin=0.0 if gnt_compatible else 0.5,
+        )
         grid = pixels_to_grid(projection.pixels, height, width).flatten(1, 2)  # [views, rays * samples, 2]
-        rgb = _bilinear_read(sources.images.float(), grid)  # [views, rays * samples, 3]
-        features = _bilinear_read(sources.features.float(), grid)  # [views, rays * samples, C]
+        rgb = _bilinear_read(sources.images.float(), grid, padding_mode)  # [views, rays * samples, 3]
+        features = _bilinear_read(sources.features.float(), grid, padding_mode)  # [views, rays * samples, C]
         values = torch.cat([rgb, features], dim=-1)
         # [views, rays * samples, 3 + C] -> [rays, samples, views, 3 + C]
         values = values.unflatten(1, (n_rays, n_samples)).permute(1, 2, 0, 3)
         visible = projection.visible.permute(1, 2, 0)  # [rays, samples, views]
         # Points behind a camera project to a mirrored pixel: zero what is not visible so nothing of
-        # it can reach the output, whatever the attention does with masked views.
-        values = values * visible[..., None]
-        rel_dirs = relative_directions(points, target_centers[:, None, :].float(), sources.centers.float())
+        # it can reach the output, whatever the attention does with masked views. GNT's code zeroes
+        # only those behind (its projection sends them a million pixels away), and its values outside
+        # an image are what zero padding reads.
+        in_front = (projection.depth > 0).permute(1, 2, 0) if gnt_compatible else visible
+        values = values * in_front[..., None]
+        rel_dirs = relative_directions(
+            points, target_centers[:, None, :].float(), sources.centers.float(), gnt_epsilons=gnt_compatible
+        )
     return GatheredSamples(values=values, visible=visible, rel_dirs=rel_dirs)
 
 
@@ -151,11 +181,15 @@ class GNTBlock(nn.Module):
         position_dim: int,
         fuse_position: bool,
         ray_lepe: bool,
+        dropout: float,
+        norm_eps: float = 1e-5,
     ):
         super().__init__()
-        self.view_block = ViewTransformerBlock(view_attention, width, heads, ffn_mult)
+        self.view_block = ViewTransformerBlock(view_attention, width, heads, ffn_mult, dropout, norm_eps)
         self.position_fusion = _mlp(width + position_dim, width) if fuse_position else None
-        self.ray_block = RayTransformerBlock(ray_attention, width, heads, ffn_mult, lepe=ray_lepe)
+        self.ray_block = RayTransformerBlock(
+            ray_attention, width, heads, ffn_mult, lepe=ray_lepe, dropout=dropout, norm_eps=norm_eps
+        )
 
     def forward(
         self,
@@ -164,18 +198,29 @@ class GNTBlock(nn.Module):
         rel_dirs: Float[Tensor, "points views 4"],
         view_mask: Bool[Tensor, "points views"],
         position_code: Float[Tensor, "rays samples position"],
-        seen: Bool[Tensor, "rays samples"],
+        seen: Bool[Tensor, "rays samples"] | None,
     ) -> Float[Tensor, "rays samples width"]:
         """tokens `[rays, samples, width]`; view_tokens `[points, views, width]`, rel_dirs
         `[points, views, 4]`, view_mask `[points, views]` with points = rays * samples;
-        position_code `[rays, samples, position_dim]`; seen `[rays, samples]`."""
+        position_code `[rays, samples, position_dim]`; seen `[rays, samples]` (None: every sample is a key)."""
+        return self.ray_block(self.before_ray_block(tokens, view_tokens, rel_dirs, view_mask, position_code), seen)
+
+    def before_ray_block(
+        self,
+        tokens: Float[Tensor, "rays samples width"],
+        view_tokens: Float[Tensor, "points views width"],
+        rel_dirs: Float[Tensor, "points views 4"],
+        view_mask: Bool[Tensor, "points views"],
+        position_code: Float[Tensor, "rays samples position"],
+    ) -> Float[Tensor, "rays samples width"]:
+        """The view block and the fusion: the ray block's input (arguments as `forward`)."""
         n_rays, n_samples, _ = tokens.shape
         # The view block treats every (ray, sample) as an independent point: [rays * samples, width].
         tokens = self.view_block(tokens.flatten(0, 1), view_tokens, rel_dirs, view_mask)
         tokens = tokens.unflatten(0, (n_rays, n_samples))  # [rays, samples, width]
         if self.position_fusion is not None:
             tokens = self.position_fusion(torch.cat([tokens, position_code.to(tokens.dtype)], dim=-1))
-        return self.ray_block(tokens, seen)
+        return tokens
 
 
 def source_colour_statistics(
@@ -267,7 +312,8 @@ class GNT(nn.Module):
         n_freqs, width = settings.n_freqs, settings.width
         self.n_freqs = n_freqs
         self.encoder_input_scale = settings.encoder_input_scale
-        self.encoder = ImageEncoder(settings.encoder)
+        self.gnt_compatible = settings.gnt_compatible
+        self.encoder = ImageEncoder(settings.encoder, gnt_compatible=self.gnt_compatible)
         position_dim = 2 * 3 * (1 + 2 * n_freqs)  # codes of the 3D point and the unit ray direction
         self.view_token_mlp = _mlp(3 + self.encoder.feature_channels, width)
         self.blocks = nn.ModuleList(
@@ -280,9 +326,15 @@ class GNT(nn.Module):
                 position_dim,
                 fuse_position=index % 2 == 0,
                 ray_lepe=settings.ray_lepe,
+                dropout=settings.dropout,
+                norm_eps=GNT_NORM_EPS if self.gnt_compatible else 1e-5,
             )
             for index in range(settings.n_blocks)
         )
+        if self.gnt_compatible:
+            for block in self.blocks:
+                assert isinstance(block, GNTBlock) and isinstance(block.view_block.attention, SubtractionViewAttention)
+                block.view_block.attention.zero_unseen_points = False
         self.readout = PooledReadout(width, settings.readout_consistency_prior, settings.readout_source_colour)
 
     def encode(self, images: Float[Tensor, "views 3 height width"]) -> Float[Tensor, "views channels h w"]:
@@ -316,7 +368,7 @@ class GNT(nn.Module):
         """Render `rays` (a chunk) at sample `depths` `[rays, samples]` from `sources`."""
         n_rays, n_samples = depths.shape
         points = points_along_rays(rays, depths)  # [rays, samples, 3]
-        gathered = gather_source_samples(points, rays.origins, sources)
+        gathered = gather_source_samples(points, rays.origins, sources, self.gnt_compatible)
         seen = gathered.visible.any(dim=-1)  # [rays, samples]
 
         # Keys/values of every view block, computed once: one token per (point, view),
@@ -324,7 +376,9 @@ class GNT(nn.Module):
         view_tokens = self.view_token_mlp(gathered.values).flatten(0, 1)  # [points, views, width]
         view_mask = gathered.visible.flatten(0, 1)  # [points, views]
         rel_dirs = gathered.rel_dirs.flatten(0, 1)  # [points, views, 4]
-        tokens = masked_max(view_tokens, view_mask).unflatten(0, (n_rays, n_samples))  # [rays, samples, width]
+        # GNT's code: the max over all views, seen or not.
+        max_mask = torch.ones_like(view_mask) if self.gnt_compatible else view_mask
+        tokens = masked_max(view_tokens, max_mask).unflatten(0, (n_rays, n_samples))  # [rays, samples, width]
 
         unit_dirs = F.normalize(rays.directions.float(), dim=-1)[:, None, :].expand(n_rays, n_samples, 3)
         position_code = torch.cat(
@@ -332,7 +386,33 @@ class GNT(nn.Module):
             dim=-1,
         )  # [rays, samples, 126] at n_freqs = 10
 
+        if self.gnt_compatible:
+            return self._gnt_blocks_and_readout(tokens, view_tokens, rel_dirs, view_mask, position_code, seen, depths)
         for block in self.blocks:
             tokens = block(tokens, view_tokens, rel_dirs, view_mask, position_code, seen)
         source_colours = source_colour_statistics(gathered) if self.readout.needs_source_colours else None
         return self.readout(tokens, seen, depths, source_colours)
+
+    def _gnt_blocks_and_readout(
+        self,
+        tokens: Float[Tensor, "rays samples width"],
+        view_tokens: Float[Tensor, "points views width"],
+        rel_dirs: Float[Tensor, "points views 4"],
+        view_mask: Bool[Tensor, "points views"],
+        position_code: Float[Tensor, "rays samples position"],
+        seen: Bool[Tensor, "rays samples"],
+        depths: Float[Tensor, "rays samples"],
+    ) -> RayOutput:
+        """GNT's code from the first block on: every sample a key of the ray attention, the colour from
+        the mean of the normalised tokens over all samples, the depth weights from the first sample's
+        attention in the last block (GNT's `ret_alpha`)."""
+        weights = depths.new_full(depths.shape, 1.0 / depths.shape[-1])  # no blocks: no attention
+        for block in self.blocks:
+            assert isinstance(block, GNTBlock)
+            tokens = block.before_ray_block(tokens, view_tokens, rel_dirs, view_mask, position_code)
+            if block is self.blocks[-1]:
+                weights = block.ray_block.first_sample_weights(tokens).float()
+            tokens = block.ray_block(tokens, None)
+        rgb = self.readout.to_rgb(self.readout.norm(tokens).mean(dim=1)).float()
+        depth = (weights * depths.float()).sum(dim=-1)
+        return RayOutput(rgb=rgb, depth=depth, weights=weights, seen=seen)

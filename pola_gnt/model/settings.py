@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# `model.net.compat`: "none" is this project's network; "gnt" reproduces the forward of GNT's official
+# code exactly, for its converted checkpoints (`python -m pola_gnt.convert_gnt`; see `model.gnt`).
+COMPAT_MODES = ("none", "gnt")
+
 
 @dataclass(frozen=True)
 class EncoderSettings:
@@ -34,10 +38,17 @@ class NetSettings:
     ffn_mult: int
     n_freqs: int
     ray_lepe: bool
+    dropout: float  # GNT's dropout rate in the transformer blocks while training (model.transformer)
     encoder_input_scale: float  # the encoder sees the sources at this fraction of their size
     readout_consistency_prior: float
     readout_source_colour: bool
+    compat: str  # one of COMPAT_MODES
     encoder: EncoderSettings
+
+    @property
+    def gnt_compatible(self) -> bool:
+        """The forward of GNT's official code (`compat: gnt`), not this project's."""
+        return self.compat == "gnt"
 
 
 @dataclass(frozen=True)
@@ -51,3 +62,4 @@ class ModelSettings:
 class RenderSettings:
     n_samples: int  # depth samples per ray (uniform in inverse depth)
     chunk_rays: int  # rays per forward pass when rendering whole images
+    max_memory_mb: float | None  # fewer rays per pass when chunk_rays would need more; None: by device

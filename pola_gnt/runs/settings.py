@@ -88,7 +88,8 @@ class AnalyzeSettings:
 
 @dataclass(frozen=True)
 class VideoSettings:
-    path: str
+    path: str  # spiral | interpolate | a camera_path.json file
+    save_path: str | None  # also save the rendered camera path there (camera_path.json)
     frames: int
     fps: float
     rotations: float
@@ -101,6 +102,16 @@ class VideoSettings:
     def resolution(self, height: int, width: int) -> tuple[int, int]:
         """The frame size for a scene of `height` x `width` (at least 1 pixel per side)."""
         return max(1, round(height * self.scale)), max(1, round(width * self.scale))
+
+
+@dataclass(frozen=True)
+class ViewSettings:
+    """`python -m pola_gnt.view`: where the viewer is served and how it refines."""
+
+    host: str
+    port: int  # 0: any free port
+    preview_rays: int  # the first image after a camera move has at most this many rays
+    height: int | None  # the full-resolution image's height; None: the scene's
 
 
 @dataclass(frozen=True)
@@ -121,3 +132,4 @@ class RunSettings:
     trainer: TrainerSettings
     analyze: AnalyzeSettings
     video: VideoSettings
+    view: ViewSettings

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from pytorch_lightning.callbacks import Timer
 from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 
-from pola_gnt.data.batches import RayBatch, SourceBatch, ViewBatch
+from pola_gnt.data.batches import RayBatch, SourceBatch, TrainingBatch, ViewBatch
 from pola_gnt.data.scene import Scene
 from pola_gnt.data.scenes import exact_depth_source
 from pola_gnt.evaluation.metrics import LOGGED_MIN_MSE, mse_to_psnr
@@ -97,10 +97,11 @@ class GNTSystem(pl.LightningModule):
         depths = self.sampler(batch.rays, batch.depth_range, batch.sample_seed)
         return self.net(batch.rays, depths, self.encode_sources(batch.sources))
 
-    def training_step(self, batch: RayBatch, batch_idx: int) -> torch.Tensor:
-        output = self.render_batch(batch)
-        loss = F.mse_loss(output.rgb.float(), batch.rgb)
-        n_rays = len(batch.rgb)
+    def training_step(self, batch: TrainingBatch, batch_idx: int) -> torch.Tensor:
+        # The mean of the targets' losses: DDP's mean over GPUs that each train one target (GNT).
+        losses = [F.mse_loss(self.render_batch(target).rgb.float(), target.rgb) for target in batch.targets]
+        loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
+        n_rays = batch.n_rays
         self.log("train/loss", loss, batch_size=n_rays)
         self.log("train/psnr", mse_to_psnr(loss.detach(), LOGGED_MIN_MSE), prog_bar=True, batch_size=n_rays)
         return loss

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from pola_gnt.attention.registry import RAY_ATTENTIONS, VIEW_ATTENTIONS
 from pola_gnt.core.errors import UserError, check_bool, check_choice, check_int, check_number, is_int
 from pola_gnt.data.colmap import CAMERA_MODELS, CAMERA_MODES, MATCHING
+from pola_gnt.data.sampling import CROP_PLACEMENTS, crop_offsets
 from pola_gnt.data.scene import Scene
 from pola_gnt.data.scenes import SCENE_KINDS
 from pola_gnt.data.settings import (
@@ -31,11 +32,11 @@ from pola_gnt.data.settings import (
     RandomCrop,
     SceneSettings,
 )
-from pola_gnt.data.source_views import RIGS
-from pola_gnt.evaluation.metrics import LPIPS_NETS, PROTOCOLS
+from pola_gnt.data.source_views import POOL_FACTORS, RIG_CHOICES
+from pola_gnt.evaluation.metrics import LPIPS_NETS, PROTOCOL_DEFAULTS, PROTOCOLS
 from pola_gnt.evaluation.settings import MetricsSettings, OutputSettings
 from pola_gnt.geometry.camera_paths import PATH_KINDS
-from pola_gnt.model.settings import EncoderSettings, ModelSettings, NetSettings, RenderSettings
+from pola_gnt.model.settings import COMPAT_MODES, EncoderSettings, ModelSettings, NetSettings, RenderSettings
 from pola_gnt.runs.budget import max_time_seconds
 from pola_gnt.runs.settings import (
     AnalyzeSettings,
@@ -43,6 +44,7 @@ from pola_gnt.runs.settings import (
     RunSettings,
     TrainerSettings,
     VideoSettings,
+    ViewSettings,
 )
 
 MAX_SEED = 2**32 - 1  # numpy's and Lightning's seed range
@@ -156,6 +158,7 @@ def read_run_settings(cfg: DictConfig | Mapping) -> RunSettings:
         trainer=_trainer(r.section("trainer")),
         analyze=_analyze(r.section("analyze")),
         video=_video(r.section("video")),
+        view=_view(r.section("view")),
     )
     r.check_all_read(ignored=("hydra",))
     return settings
@@ -166,7 +169,7 @@ def _scene(r: ConfigReader) -> SceneSettings:
         name=str(r.value("name")),
         kind=r.choice("kind", SCENE_KINDS),
         path=r.text("path", "null or a folder", nullable=True),
-        rig=r.choice("rig", RIGS),
+        rig=r.choice("rig", RIG_CHOICES),
     )
 
 
@@ -181,14 +184,14 @@ def _collection(r: ConfigReader) -> CollectionSettings | None:
     for i, folder in enumerate(folders):
         key = f"{c.key('folders')}[{i}]"
         if not isinstance(folder, dict):
-            raise UserError(f"{key}: must be {{path: DIR, rig: forward|object, weight: W}}, got {folder!r}")
+            raise UserError(f"{key}: must be {{path: DIR, rig: auto|forward|object, weight: W}}, got {folder!r}")
         entry = ConfigReader(folder, key)
         path = entry.text("path", "a scene folder (absolute, or relative to data.root)")
         if not path:
             raise UserError(f"{entry.key('path')}: must be a scene folder (absolute, or relative to data.root)")
         entries.append(
             CollectionFolder(
-                path=path, rig=entry.choice("rig", RIGS), weight=entry.number("weight", 0, None, low_open=False)
+                path=path, rig=entry.choice("rig", RIG_CHOICES), weight=entry.number("weight", 0, None, low_open=False)
             )
         )
         entry.check_all_read()
@@ -219,17 +222,39 @@ def _data(r: ConfigReader) -> DataSettings:
         raise UserError(f"{r.key('random_crop')}: set together with {r.key('crop')}; choose one (null the other)")
     return DataSettings(
         root=r.text("root", "null or a folder", nullable=True),
+        synthetic_root=r.text("synthetic_root", "null or a folder", nullable=True),
         factor=r.int("factor"),
+        synthetic_factor=r.int("synthetic_factor", why="NeRF's Blender frames are read at 800 / synthetic_factor px"),
         llffhold=r.int("llffhold", why="every N-th view is held out for testing; 0 would leave nothing to score"),
+        test_views=None if r.value("test_views", nullable=True) is None else r.int("test_views"),
         num_source_views=r.int("num_source_views"),
         random_source_views=r.bool("random_source_views"),
+        source_pool_weights=_source_pool_weights(r),
+        target_as_source_rate=r.number("target_as_source_rate", 0, 1, low_open=False),
+        targets_per_step=r.int("targets_per_step"),
         rays_per_step=r.int("rays_per_step"),
         crop=crop,
         random_crop=random_crop,
+        crop_placement=r.choice("crop_placement", CROP_PLACEMENTS),
         scale_rays_with_views=r.bool("scale_rays_with_views"),
         val_rays=r.int("val_rays"),
         cache_mb=r.int("cache_mb"),
     )
+
+
+def _source_pool_weights(r: ConfigReader) -> tuple[float, ...] | None:
+    value = r.value("source_pool_weights", nullable=True)
+    if value is None:
+        return None
+    key, size = r.key("source_pool_weights"), len(POOL_FACTORS)
+    expected = (
+        f"null (uniform) or {size} weights >= 0 of the pool factors {list(POOL_FACTORS)} (GNT: [0.2, 0.45, 0.35])"
+    )
+    if not (isinstance(value, list) and len(value) == size and all(isinstance(w, (int, float)) for w in value)):
+        raise UserError(f"{key}: must be {expected}, got {value!r}")
+    if min(value) < 0 or not math.isfinite(sum(value)) or sum(value) <= 0:
+        raise UserError(f"{key}: must be {expected}, got {value!r}")
+    return tuple(float(w) for w in value)
 
 
 def _random_crop(r: ConfigReader) -> RandomCrop | None:
@@ -249,7 +274,8 @@ def _random_crop(r: ConfigReader) -> RandomCrop | None:
 
 def _render(r: ConfigReader) -> RenderSettings:
     n_samples = r.int("n_samples", minimum=2, why="samples per ray")
-    return RenderSettings(n_samples=n_samples, chunk_rays=r.int("chunk_rays"))
+    max_memory_mb = None if r.value("max_memory_mb", nullable=True) is None else r.number("max_memory_mb", 0)
+    return RenderSettings(n_samples=n_samples, chunk_rays=r.int("chunk_rays"), max_memory_mb=max_memory_mb)
 
 
 def _optim(r: ConfigReader) -> OptimSettings:
@@ -262,11 +288,16 @@ def _optim(r: ConfigReader) -> OptimSettings:
 
 
 def _metrics(r: ConfigReader) -> MetricsSettings:
+    """A null `lpips_net` or `quantize_8bit` is the protocol's own (`PROTOCOL_DEFAULTS`)."""
+    protocol = r.choice("protocol", PROTOCOLS)
+    defaults = PROTOCOL_DEFAULTS[protocol]
+    lpips_net = r.value("lpips_net", nullable=True)
+    quantize = r.value("quantize_8bit", nullable=True)
     return MetricsSettings(
-        lpips_net=r.choice("lpips_net", LPIPS_NETS),
+        lpips_net=defaults.lpips_net if lpips_net is None else r.choice("lpips_net", LPIPS_NETS),
         lpips_weights=r.text("lpips_weights", "null or an npz file", nullable=True),
-        protocol=r.choice("protocol", PROTOCOLS),
-        quantize_8bit=r.bool("quantize_8bit"),
+        protocol=protocol,
+        quantize_8bit=defaults.quantize_8bit if quantize is None else r.bool("quantize_8bit"),
     )
 
 
@@ -286,7 +317,7 @@ def _model(r: ConfigReader) -> ModelSettings:
     width, heads = net.int("width"), net.int("heads")
     if width % (2 * heads):
         raise UserError(f"{net.key('width')}: {width} must be divisible by 2 * {net.key('heads')} ({2 * heads})")
-    return ModelSettings(
+    settings = ModelSettings(
         name=str(r.value("name")),
         compile=r.bool("compile"),
         net=NetSettings(
@@ -298,12 +329,34 @@ def _model(r: ConfigReader) -> ModelSettings:
             ffn_mult=net.int("ffn_mult"),
             n_freqs=net.int("n_freqs", minimum=0),
             ray_lepe=net.bool("ray_lepe"),
+            dropout=net.number("dropout", 0, 1, low_open=False, high_open=True),
             encoder_input_scale=net.number("encoder_input_scale", 0, 1),
             readout_consistency_prior=net.number("readout_consistency_prior", 0, None, low_open=False),
             readout_source_colour=net.bool("readout_source_colour"),
+            compat=net.choice("compat", COMPAT_MODES),
             encoder=_encoder(net.section("encoder")),
         ),
     )
+    _check_gnt_compat(net, settings.net)
+    return settings
+
+
+def _check_gnt_compat(net: ConfigReader, settings: NetSettings) -> None:
+    """`compat: gnt` is GNT's own network: its attention kinds, its plain mean read-out."""
+    if not settings.gnt_compatible:
+        return
+    gnt_values = {
+        "view_attention": (settings.view_attention, "subtraction"),
+        "ray_attention": (settings.ray_attention, "softmax"),
+        "readout_consistency_prior": (settings.readout_consistency_prior, 0.0),
+        "readout_source_colour": (settings.readout_source_colour, False),
+    }
+    for name, (value, gnt_value) in gnt_values.items():
+        if value != gnt_value:
+            raise UserError(
+                f"{net.key(name)}: {value!r} with {net.key('compat')}=gnt, which is GNT's network "
+                f"(set {net.key(name)}={str(gnt_value).lower()}, or {net.key('compat')}=none)"
+            )
 
 
 def _trainer(r: ConfigReader) -> TrainerSettings:
@@ -379,8 +432,15 @@ def read_video_settings(video: DictConfig | Mapping) -> VideoSettings:
 
 
 def _video(r: ConfigReader) -> VideoSettings:
+    path = r.text("path")
+    if not (isinstance(path, str) and path.endswith(".json")):
+        check_choice(path, "video.path", (*PATH_KINDS, "FILE.json"))
+    save_path = r.text("save_path", "null or a FILE.json", nullable=True)
+    if save_path is not None and not save_path.endswith(".json"):
+        raise UserError(f"video.save_path: must be null or a FILE.json, got {save_path!r}")
     return VideoSettings(
-        path=r.choice("path", PATH_KINDS),
+        path=str(path),
+        save_path=save_path,
         frames=r.int("frames"),
         fps=r.number("fps", 0),
         rotations=r.number("rotations"),
@@ -389,6 +449,21 @@ def _video(r: ConfigReader) -> VideoSettings:
         closed=r.bool("closed"),
         crf=r.int("crf", minimum=0, maximum=51, why="0 lossless, 51 worst"),
         scale=r.number("scale", 0, 1, why="a fraction of the scene's resolution"),
+    )
+
+
+def read_view_settings(view: DictConfig | Mapping) -> ViewSettings:
+    """The `view` section alone (the viewer's options)."""
+    return _view(ConfigReader(view, "view"))
+
+
+def _view(r: ConfigReader) -> ViewSettings:
+    height = None if r.value("height", nullable=True) is None else r.int("height", why="pixels")
+    return ViewSettings(
+        host=str(r.text("host")),
+        port=r.int("port", minimum=0, maximum=65535, why="0: any free port"),
+        preview_rays=r.int("preview_rays"),
+        height=height,
     )
 
 
@@ -413,11 +488,22 @@ def check_scene(settings: RunSettings, scene: Scene) -> None:
     pixels, what, side, key = height * width, "image", min(height, width), "data.rays_per_step"
     if data.crop is not None:
         crop_h, crop_w = data.crop
-        if crop_h > height or crop_w > width:
-            raise UserError(f"data.crop: {crop_h}x{crop_w} is larger than the images ({height}x{width})")
+        if (
+            crop_offsets(crop_h, height, data.crop_placement) is None
+            or crop_offsets(crop_w, width, data.crop_placement) is None
+        ):
+            room = " with data.crop_placement=gnt's margins" if data.crop_placement == "gnt" else ""
+            raise UserError(f"data.crop: {crop_h}x{crop_w} does not fit inside the images ({height}x{width}){room}")
         pixels, what, side, key = crop_h * crop_w, f"{crop_h}x{crop_w} crop", min(data.crop), "data.crop"
     elif data.random_crop is not None:
-        fitting = [(h, w) for h, w in data.random_crop.sizes() if h < height and w < width]
+        fitting = [
+            (h, w)
+            for h, w in data.random_crop.sizes()
+            if h < height
+            and w < width
+            and crop_offsets(h, height, data.crop_placement) is not None
+            and crop_offsets(w, width, data.crop_placement) is not None
+        ]
         if not fitting:
             raise UserError(
                 f"data.random_crop: none of its sizes (heights {list(data.random_crop.heights)}, area "

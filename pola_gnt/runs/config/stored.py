@@ -27,7 +27,6 @@ from pola_gnt.runs.settings import RunSettings
 
 _ABSENT = object()
 CONFIG_DIR = PROJECT_ROOT / "conf"
-GNT_PROTOCOL_LPIPS_NET = "vgg"  # GNT (like NeRF and IBRNet) reported LPIPS-VGG
 
 
 @dataclass
@@ -51,13 +50,12 @@ def trained_run_config(cfg: DictConfig, run_dir: Path, overrides: Sequence[str])
     checkpoint = read_checkpoint(path)
     config = run_config_with_overrides(path, stored_run_config(checkpoint, path), cfg, overrides, CONFIG_DIR)
     _, explicit_keys = command_line_keys(overrides, CONFIG_DIR)
-    # Asking for GNT's protocol means comparing with GNT's numbers, which used LPIPS-VGG.
-    if (
-        config.metrics.protocol == "gnt"
-        and "metrics.protocol" in explicit_keys
-        and "metrics.lpips_net" not in explicit_keys
-    ):
-        config.metrics.lpips_net = GNT_PROTOCOL_LPIPS_NET
+    # Asking for a protocol means its LPIPS network and quantisation (GNT's: VGG, unquantised), unless
+    # given too: not those the checkpoint's run stored for the protocol it was tested under.
+    if "metrics.protocol" in explicit_keys:
+        for key in ("lpips_net", "quantize_8bit"):
+            if f"metrics.{key}" not in explicit_keys:
+                config.metrics[key] = None
     settings = read_run_settings(config)
     return TrainedRunConfig(path=path, checkpoint=checkpoint, settings=settings, config=container_dict(config))
 
@@ -75,8 +73,14 @@ def stored_run_config(checkpoint: dict, path: Path) -> DictConfig:
     return OmegaConf.create(stored_config_dict(checkpoint, path))
 
 
+# Network keys that shape training only, not the weights: a checkpoint evaluates, resumes and fine-tunes
+# under another value.
+TRAINING_ONLY_NET_KEYS = ("dropout",)
+
+
 def _network(node) -> dict:
-    return {k: v for k, v in container_dict(node).items() if k not in IGNORED_KEYS}
+    ignored = (*IGNORED_KEYS, *TRAINING_ONLY_NET_KEYS)
+    return {k: v for k, v in container_dict(node).items() if k not in ignored}
 
 
 def check_compatible(path: Path, cfg: DictConfig, stored: DictConfig) -> DictConfig:
@@ -94,7 +98,7 @@ def check_compatible(path: Path, cfg: DictConfig, stored: DictConfig) -> DictCon
 # Sections that describe the machine and the command rather than the trained run: always taken from
 # the command line's config, so a GPU-trained checkpoint evaluates on a CPU and old checkpoints
 # render videos with today's video options.
-COMMAND_SECTIONS = ("trainer", "video", "analyze", "ckpt_path")
+COMMAND_SECTIONS = ("trainer", "video", "view", "analyze", "ckpt_path")
 
 
 def config_groups(config_dir: Path) -> set[str]:
@@ -152,13 +156,36 @@ def _copy_key(source: DictConfig, target: DictConfig, key: str) -> None:
     OmegaConf.update(target, key, value, merge=False, force_add=True)
 
 
+def model_option(name: str, config_dir: Path = CONFIG_DIR) -> DictConfig:
+    """`conf/model/<name>.yaml` with the model options it builds on (its `defaults`, `_self_` last
+    unless placed): the model section a run of that model starts from. Empty for an unknown name."""
+    path = config_dir / "model" / f"{name}.yaml"
+    if not path.is_file():
+        return OmegaConf.create({})
+    own = OmegaConf.load(path)
+    if not isinstance(own, DictConfig):
+        raise TypeError(f"{path}: not a mapping")
+    defaults = list(own.pop("defaults", []))
+    if "_self_" not in defaults:
+        defaults.append("_self_")
+    merged = OmegaConf.create({})
+    for entry in defaults:
+        merged = OmegaConf.merge(merged, own if entry == "_self_" else model_option(str(entry), config_dir))
+    if not isinstance(merged, DictConfig):
+        raise TypeError(f"{path}: merging gave a {type(merged).__name__}")
+    return merged
+
+
 def completed_run_config(stored: DictConfig | dict, current: DictConfig | dict) -> DictConfig:
     """A checkpoint's stored run config with the keys it lacks (added to the project after it was
-    saved) taken from `current`, today's composed config; the network is never completed from another
-    model's defaults."""
+    saved) taken from `current`, today's composed config, and the network's from the stored model's
+    own option file (`model_option`: the value that keeps the network as it was trained, e.g.
+    `model.net.dropout` 0), never from another model's defaults."""
     completion = container_dict(current if isinstance(current, DictConfig) else OmegaConf.create(current))
-    completion.pop("model", None)
-    config = OmegaConf.merge(OmegaConf.create(completion), stored)
+    stored_node = stored if isinstance(stored, DictConfig) else OmegaConf.create(stored)
+    model_name = OmegaConf.select(stored_node, "model.name")
+    completion["model"] = container_dict(model_option(str(model_name))) if model_name else {}
+    config = OmegaConf.merge(OmegaConf.create(completion), stored_node)
     if not isinstance(config, DictConfig):
         raise TypeError(f"merging two mappings gave a {type(config).__name__}")
     return config
@@ -176,7 +203,7 @@ def run_config_with_overrides(
       as setting every key its file sets;
     - `model=NAME` must name the checkpoint's model and `model.net.*` keys must equal the
       checkpoint's: a network cannot change after training (UserError naming what differs);
-    - `trainer`, `video`, `analyze` and `ckpt_path` always come from `cfg` (`COMMAND_SECTIONS`).
+    - `trainer`, `video`, `view`, `analyze` and `ckpt_path` always come from `cfg` (`COMMAND_SECTIONS`).
     Keys the checkpoint lacks (added to the project after it was saved) take `cfg`'s defaults.
     """
     chosen, keys = command_line_keys(overrides, config_dir)
@@ -191,7 +218,8 @@ def run_config_with_overrides(
         _copy_key(cfg, config, key)
     for section in COMMAND_SECTIONS:
         _copy_key(cfg, config, section)
-    check_compatible(path, config, stored)
+    # against the stored network completed as it was trained (keys added since: their neutral values)
+    check_compatible(path, config, completed_run_config(stored, cfg))
     return config
 
 
@@ -202,7 +230,7 @@ def checkpoint_to_resume(cfg: DictConfig, run_dir: Path) -> ResumePoint | None:
     if path is None:
         return None
     checkpoint = read_checkpoint(path)
-    check_compatible(path, cfg, stored_run_config(checkpoint, path))
+    check_compatible(path, cfg, completed_run_config(stored_run_config(checkpoint, path), cfg))
     return ResumePoint(path=path, step=int(checkpoint.get("global_step", 0)))
 
 
@@ -222,7 +250,7 @@ def initial_weights(init_from: str, config: dict, run_dir: Path) -> InitialWeigh
     if path is None:
         raise UserError("init_from: empty; give a checkpoint file or pretrained:NAME")
     checkpoint = read_checkpoint(path)
-    check_compatible(path, OmegaConf.create(config), stored_run_config(checkpoint, path))
+    check_compatible(path, OmegaConf.create(config), completed_run_config(stored_run_config(checkpoint, path), config))
     shown = init_from if init_from.startswith(PRETRAINED_PREFIX) else str(path.resolve())
     record = {
         "path": shown,

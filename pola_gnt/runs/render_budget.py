@@ -1,0 +1,42 @@
+"""Rays per rendering pass under a memory budget (`render.max_memory_mb`), for `render_video` and the
+viewer: `render.chunk_rays` is the most rays per pass, and fewer when that many would not fit.
+
+The estimate: the largest activations of a pass are the view transformer's per (ray, sample, view)
+tensors of the network's width (queries, keys, values, gates, the FFN's hidden layer and the residual
+stream live together) next to the gathered source features and colours, all float32. It is an upper
+estimate, not a measurement: `ACTIVATIONS_PER_POINT` such tensors at once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pola_gnt.model.settings import NetSettings, RenderSettings
+
+ACTIVATIONS_PER_POINT = 8  # width-sized float32 tensors per (ray, sample, view) alive at once, at most
+CPU_BUDGET_MB = 1024.0  # the default budget on a CPU: a laptop's share
+CUDA_FREE_FRACTION = 0.5  # the default budget on a CUDA device: this much of its free memory
+_BYTES = 4  # float32
+
+
+def bytes_per_ray(net: NetSettings, n_samples: int, num_source_views: int) -> int:
+    """Estimated peak activation bytes of one ray in a rendering pass."""
+    per_point = ACTIVATIONS_PER_POINT * net.width + net.encoder.feature_channels + 3
+    return _BYTES * n_samples * num_source_views * per_point
+
+
+def default_budget_mb(device: torch.device) -> float:
+    """The budget when `render.max_memory_mb` is null: `CPU_BUDGET_MB` on a CPU, half the free
+    memory of a CUDA device."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return CUDA_FREE_FRACTION * free / 2**20
+    return CPU_BUDGET_MB
+
+
+def budget_chunk_rays(render: RenderSettings, net: NetSettings, num_source_views: int, device: torch.device) -> int:
+    """Rays per pass: `render.chunk_rays`, or fewer so that a pass fits `render.max_memory_mb`
+    (at least one ray)."""
+    budget_mb = render.max_memory_mb if render.max_memory_mb is not None else default_budget_mb(device)
+    fitting = int(budget_mb * 2**20 // bytes_per_ray(net, render.n_samples, num_source_views))
+    return max(1, min(render.chunk_rays, fitting))

@@ -1,0 +1,428 @@
+"""`python -m pola_gnt.view`'s library: a web viewer of a checkpoint's scene on viser.
+
+Each browser tab (a viser client) has a render loop in a thread of its own: a camera move cancels
+the render in progress (checked between ray chunks), renders a preview of at most
+`view.preview_rays` rays (about a second on a CPU), then the full-resolution image while the camera
+stays still. Frames are rendered exactly as `render_video` renders them (the nearest training views,
+each encoded once; the same rays and chunks), in colour or as depth with the video's colour map.
+The page also shows the training cameras as frusta and lists the current camera's nearest source
+views; it records keyframes into a camera path (duration, fps, field of view) that it saves as
+camera_path.json and renders to mp4s. A render error is logged and shown in the page; the server
+goes on.
+
+viser alone, not nerfview: nerfview adapts one render function to viser (its own progressive
+resolution, no cancellation inside a frame) and calls `os._exit` when that function raises; the
+preview / refine / cancel loop here is a few dozen lines, and errors stay ours to catch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import math
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import viser
+import viser.transforms as vtf
+from jaxtyping import Float
+from lightning_fabric import Fabric
+from torch import Tensor
+
+from pola_gnt.core.errors import UserError
+from pola_gnt.data.scene import Scene
+from pola_gnt.data.scenes import load_scene
+from pola_gnt.geometry.camera_paths import fov_intrinsics, interpolate_path
+from pola_gnt.geometry.rays import pixel_grid, pixel_rays
+from pola_gnt.model.gnt import GNT
+from pola_gnt.model.renderer import RenderedImage, render_rays
+from pola_gnt.model.sampler import DepthSampler
+from pola_gnt.runs.camera_path_file import CameraPath, camera_path_document, write_camera_path
+from pola_gnt.runs.config.stored import TrainedRunConfig
+from pola_gnt.runs.render_budget import budget_chunk_rays
+from pola_gnt.runs.settings import ViewSettings
+from pola_gnt.runs.trained_runs import TrainedCheckpoint, load_trained_checkpoint
+from pola_gnt.runs.video import EncodedViews, frame_images, frame_source_views, scene_fov, write_path_videos
+
+log = logging.getLogger(__name__)
+MODES = ("RGB", "Depth")
+PATH_FILE = "camera_path.json"
+
+
+@dataclass(frozen=True)
+class ViewCamera:
+    """What the viewer renders: an OpenCV camera (viser's convention too) with a vertical field of
+    view, at a size."""
+
+    c2w: Float[Tensor, "4 4"]
+    fov: float  # vertical, degrees
+    height: int
+    width: int
+
+    def at_most(self, rays: int) -> ViewCamera:
+        """The same camera at the largest size of its aspect with at most `rays` pixels."""
+        if self.height * self.width <= rays:
+            return self
+        scale = math.sqrt(rays / (self.height * self.width))
+        return ViewCamera(self.c2w, self.fov, max(1, int(self.height * scale)), max(1, int(self.width * scale)))
+
+
+class ViewRenderer:
+    """Renders any camera of the scene as `render_video` renders a frame, cancellable between chunks."""
+
+    def __init__(
+        self,
+        net: GNT,
+        scene: Scene,
+        sampler: DepthSampler,
+        num_source_views: int,
+        chunk_rays: int,
+        fabric: Fabric,
+    ):
+        self.net, self.scene, self.sampler, self.fabric = net, scene, sampler, fabric
+        self.num_source_views, self.chunk_rays = num_source_views, chunk_rays
+        self.encoded = EncodedViews(net, scene, fabric.device)
+        self.lock = threading.Lock()  # one render at a time: the tabs share the CPU and the encoded views
+        # Depth colours as in the videos: the scene's normalised near/far bounds.
+        self.depth_range = float(scene.bounds.min()), float(scene.bounds.max())
+
+    def nearest_views(self, c2w: Tensor) -> list[int]:
+        return frame_source_views(self.scene, c2w, self.num_source_views)
+
+    def render(self, camera: ViewCamera, cancelled: Callable[[], bool] = lambda: False) -> RenderedImage | None:
+        """The camera's colour and depth; None when `cancelled()` turns true between two chunks."""
+        device = self.fabric.device
+        c2w = camera.c2w.to(device)
+        intrinsics = fov_intrinsics(torch.tensor([camera.fov]), camera.height, camera.width)[0].to(device)
+        rays = pixel_rays(c2w, intrinsics, pixel_grid(camera.height, camera.width, device=device))
+        colours, depths = [], []
+        with self.lock, self.fabric.autocast():
+            sources = self.encoded(self.nearest_views(camera.c2w))
+            # The chunks `render_image` uses, one at a time: the same pixels, and a chance to stop.
+            for start in range(0, len(rays), self.chunk_rays):
+                if cancelled():
+                    return None
+                chunk = rays[start : start + self.chunk_rays]
+                rgb, depth = render_rays(
+                    self.net, chunk, sources, self.scene.depth_range, self.sampler, self.chunk_rays
+                )
+                colours.append(rgb)
+                depths.append(depth)
+        rgb, depth = torch.cat(colours).cpu(), torch.cat(depths).cpu()
+        return RenderedImage(
+            rgb=rgb.reshape(camera.height, camera.width, 3), depth=depth.reshape(camera.height, camera.width)
+        )
+
+    def image(self, frame: RenderedImage, mode: str) -> np.ndarray:
+        """The uint8 image `[H, W, 3]` the page shows: colour, or depth in the videos' colour map."""
+        rgb, depth = frame_images(frame, self.depth_range)
+        return depth if mode == "Depth" else rgb
+
+
+def c2w_of(wxyz: np.ndarray, position: np.ndarray) -> Tensor:
+    """A viser pose (quaternion w, x, y, z and position; OpenCV camera axes) as c2w `[4, 4]`."""
+    c2w = torch.eye(4, dtype=torch.float64)
+    c2w[:3, :3] = torch.from_numpy(vtf.SO3(np.asarray(wxyz, dtype=np.float64)).as_matrix())
+    c2w[:3, 3] = torch.from_numpy(np.asarray(position, dtype=np.float64))
+    return c2w.float()
+
+
+def pose_of(c2w: Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """c2w `[4, 4]` as viser's (wxyz, position)."""
+    matrix = c2w.double().numpy()
+    return vtf.SO3.from_matrix(matrix[:3, :3]).wxyz, matrix[:3, 3]
+
+
+class ClientView:
+    """One browser tab: its camera, the render loop (preview, then full size; a move cancels), its
+    controls and recorded keyframes."""
+
+    def __init__(self, app: ViewerApp, client: Any):
+        self.app, self.client = app, client
+        self.changed = threading.Condition()
+        self.generation = 0  # bumped by every camera move or mode change
+        self.camera: ViewCamera | None = None
+        self.last: RenderedImage | None = None
+        self.closed = False
+        self.images_shown = 0
+        self.timings: dict[str, float] = {}  # "preview" / "full": seconds from the move to the image
+        self.errors: list[str] = []
+        self.keyframes: list[tuple[Tensor, float]] = []  # (c2w, fov degrees)
+        self._build_controls()
+        self.thread = threading.Thread(target=self._loop, name=f"render-{client.client_id}", daemon=True)
+        self.thread.start()
+
+    # ---- controls ---------------------------------------------------------------------------
+    def _build_controls(self) -> None:
+        gui = self.client.gui
+        self.mode = gui.add_dropdown("Show", MODES, initial_value="RGB")
+        self.mode.on_update(lambda _: self.show_last())
+        self.status = gui.add_markdown("Move the camera to render.")
+        self.sources = gui.add_markdown("")
+        with gui.add_folder("Camera path"):
+            self.duration = gui.add_number("Duration (s)", initial_value=4.0, min=0.1, max=600.0, step=0.1)
+            self.fps = gui.add_number("FPS", initial_value=30, min=1, max=120, step=1)
+            self.fov = gui.add_number(
+                "FOV (deg)", initial_value=round(scene_fov(self.app.renderer.scene), 2), min=5.0, max=170.0, step=0.5
+            )
+            self.keyframe_count = gui.add_markdown("0 keyframes")
+            gui.add_button("Add keyframe").on_click(lambda _: self.add_keyframe())
+            gui.add_button("Clear keyframes").on_click(lambda _: self.clear_keyframes())
+            self.path_file = gui.add_text("Save as", initial_value=str(self.app.run_dir / PATH_FILE))
+            gui.add_button("Save path").on_click(lambda _: self.report(self.save_path))
+            gui.add_button("Render video").on_click(lambda _: self.report(self.render_video))
+
+    def add_keyframe(self) -> None:
+        camera = self.current_camera()
+        self.keyframes.append((camera.c2w, float(self.fov.value)))
+        wxyz, position = pose_of(camera.c2w)
+        aspect = camera.width / camera.height
+        self.client.scene.add_camera_frustum(
+            f"/keyframes/{len(self.keyframes)}",
+            fov=math.radians(float(self.fov.value)),
+            aspect=aspect,
+            scale=self.app.frustum_scale,
+            color=(230, 120, 20),
+            wxyz=wxyz,
+            position=position,
+        )
+        self.keyframe_count.content = f"{len(self.keyframes)} keyframes"
+
+    def clear_keyframes(self) -> None:
+        for index in range(1, len(self.keyframes) + 1):
+            self.client.scene.remove_by_name(f"/keyframes/{index}")
+        self.keyframes.clear()
+        self.keyframe_count.content = "0 keyframes"
+
+    def recorded_path(self) -> CameraPath:
+        """The keyframes' smooth path (`interpolate_path`), `duration x fps` frames; the field of view
+        moves linearly from keyframe to keyframe."""
+        if len(self.keyframes) < 2:
+            raise UserError("a camera path needs at least 2 keyframes: move the camera and press Add keyframe")
+        frames = max(2, round(float(self.duration.value) * float(self.fps.value)))
+        poses = interpolate_path(torch.stack([c2w for c2w, _ in self.keyframes]), frames)
+        fovs = torch.tensor([fov for _, fov in self.keyframes])
+        # Each frame's keyframe segment by the nearest keyframe along the path (interpolated fov).
+        stops = torch.linspace(0, len(self.keyframes) - 1, frames)
+        fov = torch.from_numpy(np.interp(stops.numpy(), np.arange(len(fovs)), fovs.numpy())).float()
+        height, width = self.app.full_size(self.client.camera.aspect)
+        return CameraPath(poses, fov, height, width, float(self.fps.value))
+
+    def save_path(self) -> str:
+        path = self.recorded_path()
+        file = Path(str(self.path_file.value))
+        scene = self.app.renderer.scene
+        write_camera_path(file, path, scene.name, scene.scale)
+        document = camera_path_document(path, scene.name, scene.scale)
+        self.client.send_file_download(file.name, json.dumps(document, indent=1).encode())
+        command = f"python -m pola_gnt.render_video ckpt_path={self.app.ckpt_path} video.path={file}"
+        return f"saved {len(path)} cameras to {file}; render it with `{command}`"
+
+    def render_video(self) -> str:
+        path = self.recorded_path()
+        out_dir = self.app.run_dir / "videos" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        self.save_path()
+        threading.Thread(target=self._render_video, args=(path, out_dir), daemon=True).start()
+        return f"rendering {len(path)} frames to {out_dir} (progress in the terminal)"
+
+    def _render_video(self, path: CameraPath, out_dir: Path) -> None:
+        try:
+            paths = write_path_videos(
+                self.app.trained,
+                self.app.renderer.scene,
+                path,
+                out_dir,
+                self.app.fabric,
+                crf=18,
+                chunk_rays=self.app.renderer.chunk_rays,
+            )
+            self.status.content = f"video written: {paths[0]}"
+        except Exception as err:  # the server goes on
+            self._error(err)
+
+    def report(self, action: Callable[[], str]) -> None:
+        """Run a button's action; its message, or its error, in the page."""
+        try:
+            self.status.content = action()
+        except UserError as err:
+            self.status.content = f"**{err}**"
+        except Exception as err:
+            self._error(err)
+
+    # ---- rendering ----------------------------------------------------------------------------
+    def current_camera(self) -> ViewCamera:
+        camera = self.client.camera
+        height, width = self.app.full_size(float(camera.aspect))
+        return ViewCamera(c2w_of(camera.wxyz, camera.position), math.degrees(float(camera.fov)), height, width)
+
+    def camera_moved(self, camera: ViewCamera | None = None) -> None:
+        """A new camera (default: the client's): cancel the render in progress and start again."""
+        with self.changed:
+            self.camera = camera or self.current_camera()
+            self.moved_at = time.perf_counter()
+            self.generation += 1
+            self.changed.notify()
+
+    def show_last(self) -> None:
+        if self.last is not None:
+            self.client.scene.set_background_image(
+                self.app.renderer.image(self.last, str(self.mode.value)), format="jpeg", jpeg_quality=92
+            )
+
+    def close(self) -> None:
+        with self.changed:
+            self.closed = True
+            self.changed.notify()
+
+    def _loop(self) -> None:
+        self.done = 0  # the generation last started
+        while True:
+            with self.changed:
+                self.changed.wait_for(lambda: self.closed or self.generation != self.done)
+                if self.closed:
+                    return
+                generation, camera, moved_at = self.generation, self.camera, self.moved_at
+            self.done = generation
+            if camera is None:
+                continue
+            try:
+                self._render(camera, generation, moved_at)
+            except Exception as err:  # shown and logged; the loop and the server go on
+                self._error(err)
+
+    def _render(self, camera: ViewCamera, generation: int, moved_at: float) -> None:
+        names = self.app.renderer.scene.image_names
+        nearest = self.app.renderer.nearest_views(camera.c2w)
+        self.sources.content = "Nearest source views: " + ", ".join(names[v] for v in nearest)
+        levels = [("preview", camera.at_most(self.app.settings.preview_rays))]
+        if levels[0][1] != camera:
+            levels.append(("full", camera))
+        for level, sized in levels:
+            frame = self.app.renderer.render(sized, cancelled=lambda: self.generation != generation)
+            if frame is None:
+                return
+            self.last = frame
+            self.timings[level] = time.perf_counter() - moved_at
+            self.show_last()
+            self.images_shown += 1
+            self.app.images_shown += 1
+            self.status.content = (
+                f"{level} {sized.width}x{sized.height} in {self.timings[level]:.1f} s after the move"
+                + ("; refining to full size" if level == "preview" and len(levels) > 1 else "")
+            )
+
+    def _error(self, err: BaseException) -> None:
+        message = f"{type(err).__name__}: {err}"
+        self.errors.append(message)
+        log.error("render error: %s\n%s", message, "".join(traceback.format_exception(err)))
+        self.status.content = f"**render error** (logged; the viewer goes on): {message}"
+
+
+class ViewerApp:
+    """The viewer: a viser server, the scene's training cameras as frusta, a `ClientView` per tab."""
+
+    def __init__(
+        self,
+        trained: TrainedCheckpoint,
+        scene: Scene,
+        fabric: Fabric,
+        settings: ViewSettings,
+        run_dir: Path,
+        ckpt_path: str,
+    ):
+        self.trained, self.fabric, self.settings, self.run_dir, self.ckpt_path = (
+            trained,
+            fabric,
+            settings,
+            run_dir,
+            ckpt_path,
+        )
+        config = trained.settings
+        net = trained.system.net.to(fabric.device).eval()
+        chunk_rays = budget_chunk_rays(config.render, config.model.net, config.data.num_source_views, fabric.device)
+        self.renderer = ViewRenderer(
+            net, scene, trained.system.sampler, config.data.num_source_views, chunk_rays, fabric
+        )
+        self.clients: dict[int, ClientView] = {}
+        self.connections = self.images_shown = 0  # tabs that connected, images sent (all tabs)
+        centres = scene.cameras.c2w[:, :3, 3]
+        self.frustum_scale = 0.1 * float((centres - centres.mean(0)).norm(dim=-1).max().clamp(min=1e-3))
+        port = settings.port or free_port(settings.host)
+        self.server = viser.ViserServer(host=settings.host, port=port, verbose=False)
+        self.port = self.server.get_port()
+        self.server.scene.set_up_direction("-y")  # OpenCV cameras: image rows point down
+        self._add_training_cameras(scene)
+        self.server.on_client_connect(self._connect)
+        self.server.on_client_disconnect(self._disconnect)
+
+    def full_size(self, aspect: float) -> tuple[int, int]:
+        """The full-resolution image of a camera of this aspect: `view.height` (default the scene's) high."""
+        height = self.settings.height or self.renderer.scene.resolution[0]
+        return height, max(1, round(height * aspect))
+
+    def _add_training_cameras(self, scene: Scene) -> None:
+        height, width = scene.resolution
+        fov = math.radians(scene_fov(scene))
+        for view in scene.train_ids:
+            wxyz, position = pose_of(scene.cameras.c2w[view])
+            self.server.scene.add_camera_frustum(
+                f"/training/{scene.image_names[view]}",
+                fov=fov,
+                aspect=width / height,
+                scale=self.frustum_scale,
+                color=(40, 90, 200),
+                wxyz=wxyz,
+                position=position,
+            )
+
+    def _connect(self, client: Any) -> None:
+        view = ClientView(self, client)
+        self.clients[client.client_id] = view
+        self.connections += 1
+        # Start at the first training camera, looking the way it looked.
+        scene = self.renderer.scene
+        wxyz, position = pose_of(scene.cameras.c2w[scene.train_ids[0]])
+        with client.atomic():
+            client.camera.fov = math.radians(scene_fov(scene))
+            client.camera.wxyz, client.camera.position = wxyz, position
+        client.camera.on_update(lambda _: view.camera_moved())
+
+    def _disconnect(self, client: Any) -> None:
+        view = self.clients.pop(client.client_id, None)
+        if view is not None:
+            view.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.host}:{self.port}"
+
+    def stop(self) -> None:
+        for view in list(self.clients.values()):
+            view.close()
+        self.server.stop()
+
+
+def free_port(host: str) -> int:
+    """A port nothing listens on now (`view.port=0`)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def start_viewer(run: TrainedRunConfig, run_dir: Path, ckpt_path: str) -> ViewerApp:
+    """Load the checkpoint and its scene, and serve the viewer (returns once it is listening)."""
+    trained = load_trained_checkpoint(run)
+    config = trained.settings
+    scene = load_scene(config.scene, config.data)
+    precision: Any = config.trainer.precision  # Lightning's precision names
+    fabric = Fabric(accelerator=config.trainer.accelerator, devices=1, precision=precision)
+    return ViewerApp(trained, scene, fabric, config.view, run_dir, ckpt_path)
