@@ -97,6 +97,11 @@ def _check_heads(dim: int, heads: int, even_head_dim: bool = False) -> None:
         raise ValueError(f"pola attention needs an even head dim, got dim {dim} / heads {heads}")
 
 
+def training_dropout(x: Tensor, rate: float, training: bool) -> Tensor:
+    """`F.dropout` while training at a rate above 0; otherwise `x` itself, with no call at all."""
+    return F.dropout(x, rate, True) if training and rate > 0 else x
+
+
 def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, dropout: float = 0.0) -> Tensor:
     """Scaled dot-product attention `[..., heads, Nq, d]` with a key mask `[..., Nk]` and dropout at
     rate `dropout` on the attention weights (pass 0 outside training).
@@ -257,7 +262,7 @@ class SubtractionViewAttention(nn.Module):
         super().__init__()
         _check_heads(dim, heads)
         self.zero_unseen_points = True
-        self.weight_dropout = nn.Dropout(dropout)
+        self.dropout = dropout
         self.to_q = nn.Linear(dim, dim, bias=False)
         self.to_k = nn.Linear(dim, dim, bias=False)
         self.to_v = nn.Linear(dim, dim, bias=False)
@@ -286,7 +291,7 @@ class SubtractionViewAttention(nn.Module):
             weights = weights * view_mask.unsqueeze(-1).to(weights.dtype)
         else:  # GNT: uniform over all views where none is visible
             weights = torch.where(any_visible.unsqueeze(-1), weights, torch.full_like(weights, 1 / weights.shape[-2]))
-        weights = self.weight_dropout(weights)
+        weights = training_dropout(weights, self.dropout, self.training)
         return self.out_fc((v_pos * weights).sum(dim=-2))
 
 

@@ -16,11 +16,10 @@ The attention itself (projections, relative-direction embedding, masking) lives 
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
-from pola_gnt.attention.modules import SoftmaxRayAttention, build_ray_attention, build_view_attention
+from pola_gnt.attention.modules import SoftmaxRayAttention, build_ray_attention, build_view_attention, training_dropout
 
 
 class FeedForward(nn.Sequential):
@@ -32,9 +31,11 @@ class FeedForward(nn.Sequential):
         self.dropout = dropout
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002 (nn.Sequential's name)
+        if not (self.training and self.dropout > 0):  # nothing to drop: Sequential's own forward
+            return super().forward(input)
         first, activation, last = self[0], self[1], self[2]
-        hidden = F.dropout(activation(first(input)), self.dropout, self.training)
-        return F.dropout(last(hidden), self.dropout, self.training)
+        hidden = training_dropout(activation(first(input)), self.dropout, self.training)
+        return training_dropout(last(hidden), self.dropout, self.training)
 
 
 class ViewTransformerBlock(nn.Module):
@@ -50,7 +51,7 @@ class ViewTransformerBlock(nn.Module):
         super().__init__()
         self.attention_norm = nn.LayerNorm(dim, eps=norm_eps)
         self.attention = build_view_attention(kind, dim, heads, dropout)
-        self.attention_dropout = nn.Dropout(dropout)
+        self.dropout = dropout
         self.ffn_norm = nn.LayerNorm(dim, eps=norm_eps)
         self.ffn = FeedForward(dim, ffn_mult, dropout)
 
@@ -64,7 +65,7 @@ class ViewTransformerBlock(nn.Module):
         """point_tokens `[points, dim]`, view_tokens `[points, views, dim]`, rel_dirs
         `[points, views, 4]`, view_mask `[points, views]` (True = visible) -> `[points, dim]`."""
         attended = self.attention(self.attention_norm(point_tokens), view_tokens, rel_dirs, view_mask)
-        x = point_tokens + self.attention_dropout(attended)
+        x = point_tokens + training_dropout(attended, self.dropout, self.training)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -84,7 +85,7 @@ class RayTransformerBlock(nn.Module):
         super().__init__()
         self.attention_norm = nn.LayerNorm(dim, eps=norm_eps)
         self.attention = build_ray_attention(kind, dim, heads, lepe=lepe, dropout=dropout)
-        self.attention_dropout = nn.Dropout(dropout)
+        self.dropout = dropout
         self.ffn_norm = nn.LayerNorm(dim, eps=norm_eps)
         self.ffn = FeedForward(dim, ffn_mult, dropout)
 
@@ -92,7 +93,8 @@ class RayTransformerBlock(nn.Module):
         self, tokens: Float[Tensor, "rays samples dim"], sample_mask: Bool[Tensor, "rays samples"] | None = None
     ) -> Float[Tensor, "rays samples dim"]:
         """tokens `[rays, samples, dim]`, sample_mask `[rays, samples]` (True = usable key)."""
-        x = tokens + self.attention_dropout(self.attention(self.attention_norm(tokens), sample_mask))
+        attended = self.attention(self.attention_norm(tokens), sample_mask)
+        x = tokens + training_dropout(attended, self.dropout, self.training)
         return x + self.ffn(self.ffn_norm(x))
 
     def first_sample_weights(self, tokens: Float[Tensor, "rays samples dim"]) -> Float[Tensor, "rays samples"]:
