@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import torch
+from helpers import load_script
 
 from pola_gnt.attention.modules import PolaRayAttention, PolaViewAttention, SoftmaxRayAttention
-from pola_gnt.core.paths import PROJECT_ROOT
-
-
-def _bench_render():
-    spec = importlib.util.spec_from_file_location("bench_render", PROJECT_ROOT / "scripts" / "bench_render.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_softmax_ray_attention_flops_include_the_quadratic_term():
     """GNT's ray attention on the CPU: projections plus 4 S^2 dim per ray (QK^T and AV), forward;
     the CPU SDPA kernel is otherwise invisible to FlopCounterMode."""
-    bench = _bench_render()
+    bench = load_script("bench_render")
     dim, rays = 64, 2
     attention = SoftmaxRayAttention(dim, heads=4)
     for samples in (32, 256):
@@ -39,7 +31,7 @@ def test_pola_attention_flops_include_the_fused_kernels():
     """Pola-GNT's attentions on the CPU run in fused C++ kernels that FlopCounterMode cannot look into:
     the benchmark counts them by formula, linear in the samples (ray) and views (view), on top of the
     projections; backward counts 3x the kernels' forward."""
-    bench = _bench_render()
+    bench = load_script("bench_render")
     dim, heads, rays, views = 64, 4, 2, 5
     d = dim // heads
     ray_attention = PolaRayAttention(dim, heads, lepe=False)
@@ -64,7 +56,7 @@ def test_pola_attention_flops_include_the_fused_kernels():
 
 
 def test_bench_render_runs_both_models_and_reports_ratios(tmp_path, capsys):
-    bench = _bench_render()
+    bench = load_script("bench_render")
     out = tmp_path / "bench.json"
     bench.main(
         [

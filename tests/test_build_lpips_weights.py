@@ -6,7 +6,6 @@ download into that cache; where none of these works (offline, nothing cached) th
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import os
@@ -18,21 +17,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import load_script
 
 from pola_gnt.core.errors import UserError
-from pola_gnt.core.paths import PROJECT_ROOT
 from pola_gnt.evaluation.metrics import linear_parameters, load_lpips, lpips_distance, read_float_image
 
-
-def _load_script():
-    script = PROJECT_ROOT / "scripts" / "build_lpips_weights.py"
-    spec = importlib.util.spec_from_file_location("build_lpips_weights", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-build = _load_script()
+build = load_script("build_lpips_weights")
 
 
 @pytest.fixture(scope="session")

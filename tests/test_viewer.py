@@ -6,7 +6,6 @@ Chromium is installed)."""
 from __future__ import annotations
 
 import math
-import subprocess
 import threading
 import time
 import urllib.request
@@ -16,13 +15,21 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 import torch
-from helpers import compose_config
+from helpers import compose_config, load_script
 
 from pola_gnt.model.renderer import render_image
 from pola_gnt.runs.camera_path_file import read_camera_path
 from pola_gnt.runs.config.stored import trained_run_config
 from pola_gnt.runs.video import frame_source_views, scene_fov
-from pola_gnt.runs.viewer import ClientView, ViewCamera, ViewerApp, c2w_of, pose_of, start_viewer
+from pola_gnt.runs.viewer import (
+    ClientView,
+    ViewCamera,
+    ViewerApp,
+    c2w_of,
+    pose_of,
+    refinement_levels,
+    start_viewer,
+)
 
 FACTOR = 64  # the demo scene at 63 x 47
 CHROMIUM = Path("/usr/bin/chromium")
@@ -123,6 +130,16 @@ def test_a_render_request_returns_the_renderers_image(app):
         view.close()
 
 
+def test_refinement_steps_grow_16x_and_end_at_full_size():
+    camera = ViewCamera(torch.eye(4), 50.0, 378, 567)
+    levels = refinement_levels(camera, 2048)
+    assert [level for level, _ in levels] == ["preview", "refine", "full"]
+    rays = [sized.height * sized.width for _, sized in levels]
+    assert rays[0] <= 2048 and 16 * 2048 * 0.98 <= rays[1] <= 16 * 2048 and levels[-1][1] == camera
+    assert [level for level, _ in refinement_levels(camera, 300_000)] == ["preview"]  # already full size
+    assert all(sized.width / sized.height == pytest.approx(1.5, rel=0.02) for _, sized in levels)
+
+
 def test_a_camera_move_cancels_the_render_in_progress(app):
     scene = app.renderer.scene
     calls = []
@@ -178,24 +195,27 @@ def test_recorded_keyframes_save_a_camera_path(app, tmp_path):
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-def test_a_browser_shows_the_rendered_scene(app, tmp_path):
-    """Headless Chromium opens the page and screenshots it. (In `--screenshot` mode Chromium's
-    virtual time did not open the websocket here, so the render round trip is checked by the tests
-    above, not through the browser.)"""
-    screenshot = tmp_path / "viewer.png"
-    subprocess.run(
-        [
-            str(CHROMIUM),
-            "--headless",
-            "--no-sandbox",
-            "--use-gl=swiftshader",
-            "--window-size=800,600",
-            "--virtual-time-budget=20000",
-            f"--screenshot={screenshot}",
-            app.url,
-        ],
-        capture_output=True,
-        timeout=120,
-    )
-    image = iio.imread(screenshot)
-    assert image.shape[:2] == (600, 800) and image.std() > 0  # the page drew something
+def test_a_browser_shows_the_rendered_scene_and_a_drag_moves_the_camera(app, tmp_path):
+    """Headless Chromium opens the page over the DevTools protocol: the page connects, shows the
+    render, a mouse drag moves the camera and brings a new full-size image; RGB and depth differ."""
+    browser_script = load_script("viewer_screenshots")
+    with browser_script.HeadlessChromium(str(CHROMIUM), width=800, height=600) as browser:
+        before = set(app.clients)
+        browser.open(app.url)
+        wait_for(lambda: set(app.clients) - before)
+        view = app.clients[next(iter(set(app.clients) - before))]
+        wait_for(lambda: view.last_shown is not None and view.last_shown[1] == "full")
+        start = view.current_camera().c2w
+        browser.drag((400, 300), (460, 320))
+        wait_for(lambda: view.last_shown == (view.generation, "full") and view.generation > 1)
+        assert not torch.allclose(view.current_camera().c2w, start, atol=1e-4)  # the drag orbited the camera
+        assert not view.errors
+        time.sleep(1.0)
+        browser.screenshot(tmp_path / "rgb.png")
+        view.mode.value = "Depth"
+        time.sleep(2.0)
+        browser.screenshot(tmp_path / "depth.png")
+    rgb, depth = iio.imread(tmp_path / "rgb.png"), iio.imread(tmp_path / "depth.png")
+    assert rgb.shape[:2] == (600, 800) and rgb.std() > 0
+    # Away from the control panel (right) the page is the background image: colour, then depth.
+    assert np.abs(rgb[100:500, 50:400].astype(float) - depth[100:500, 50:400]).mean() > 10

@@ -1,6 +1,7 @@
 """Test helpers: running an entry point as a user would (a child process) or in this process (its
 `main` with command-line overrides, catching `SystemExit`), the one-`error:`-line assertion, and the
-project's config as typed settings (`compose_config`, `run_settings`, `TINY_OVERRIDES`).
+project's config as typed settings (`compose_config`, `run_settings`, `TINY_OVERRIDES`), and the
+`scripts/` as modules (`load_script`).
 
 Import from tests as `from helpers import ...` (pytest puts `tests/` on `sys.path`).
 """
@@ -17,6 +18,7 @@ from helpers.config import (
     system_of,
     train_in_process,
 )
+from helpers.scripts import load_script
 
 __all__ = [
     "CHILD_PROCESSES",
@@ -27,6 +29,7 @@ __all__ = [
     "compose_config",
     "net_settings",
     "process_data_settings",
+    "load_script",
     "run_in_process",
     "run_module",
     "run_settings",

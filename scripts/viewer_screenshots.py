@@ -1,0 +1,187 @@
+"""Open the viewer in headless Chromium, move its camera as a user does (a mouse drag on the page),
+time the move to the first image and to the full-resolution image, and screenshot the page in RGB
+and in depth.
+
+    python scripts/viewer_screenshots.py ckpt_path=CKPT [scene=NAME ...] --out DIR [--chromium PATH]
+
+Writes DIR/viewer_rgb.png, DIR/viewer_depth.png and DIR/viewer_timings.json. The browser is driven
+over the DevTools protocol (a websocket; `websockets` comes with viser), so nothing beyond Chromium
+from the OS packages is needed; `tests/test_viewer.py` uses the same `HeadlessChromium`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import itertools
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from websockets.sync.client import connect
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+class HeadlessChromium:
+    """A headless Chromium page driven over the DevTools protocol: open a URL, drag the mouse, screenshot.
+
+    WebGL (viser draws with three.js) runs on SwiftShader, Chromium's software renderer."""
+
+    def __init__(self, binary: str = CHROMIUM, width: int = 1200, height: int = 800, timeout: float = 60.0):
+        self.profile = tempfile.mkdtemp(prefix="chromium-")
+        self.width, self.height = width, height
+        self.process = subprocess.Popen(
+            [
+                binary,
+                "--headless=new",
+                "--no-sandbox",
+                "--no-first-run",
+                "--use-angle=swiftshader",
+                "--enable-unsafe-swiftshader",
+                f"--window-size={width},{height}",
+                f"--user-data-dir={self.profile}",
+                "--remote-debugging-port=0",  # Chromium picks a port and writes it to DevToolsActivePort
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        port_file = Path(self.profile) / "DevToolsActivePort"
+        wait_until(lambda: port_file.exists() and port_file.read_text().strip() != "", timeout, "Chromium's port")
+        port = int(port_file.read_text().split()[0])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=timeout) as response:
+            page = next(target for target in json.load(response) if target["type"] == "page")
+        self.socket = connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=timeout)
+        self.ids = itertools.count(1)
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        """One DevTools command and its result (events that arrive meanwhile are dropped)."""
+        request = next(self.ids)
+        self.socket.send(json.dumps({"id": request, "method": method, "params": params}))
+        while True:
+            message = json.loads(self.socket.recv(timeout=120))
+            if message.get("id") == request:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return message.get("result", {})
+
+    def open(self, url: str) -> None:
+        # The page's viewport exactly width x height (the window also holds the browser's own bars).
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=self.width,
+            height=self.height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+        self.call("Page.enable")
+        self.call("Page.navigate", url=url)
+
+    def drag(self, start: tuple[int, int], end: tuple[int, int], steps: int = 10) -> None:
+        """A left-button drag from `start` to `end` (page pixels), as a user's mouse makes it."""
+        self.call("Input.dispatchMouseEvent", type="mouseMoved", x=start[0], y=start[1])
+        self.call("Input.dispatchMouseEvent", type="mousePressed", x=start[0], y=start[1], button="left", clickCount=1)
+        for step in range(1, steps + 1):
+            x = start[0] + (end[0] - start[0]) * step / steps
+            y = start[1] + (end[1] - start[1]) * step / steps
+            self.call("Input.dispatchMouseEvent", type="mouseMoved", x=x, y=y, button="left", buttons=1)
+            time.sleep(0.02)
+        self.call("Input.dispatchMouseEvent", type="mouseReleased", x=end[0], y=end[1], button="left", clickCount=1)
+
+    def screenshot(self, path: Path) -> None:
+        data = self.call("Page.captureScreenshot", format="png")["data"]
+        path.write_bytes(base64.b64decode(data))
+
+    def close(self) -> None:
+        try:
+            self.socket.close()
+        finally:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+            shutil.rmtree(self.profile, ignore_errors=True)
+
+    def __enter__(self) -> HeadlessChromium:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    start = time.perf_counter()
+    while not condition():
+        if time.perf_counter() - start > timeout:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("overrides", nargs="+", help="the viewer's overrides: ckpt_path=CKPT [scene=NAME ...]")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--chromium", default=CHROMIUM)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each image")
+    args = parser.parse_args()
+
+    from pola_gnt.runs.process import prepare_process
+
+    prepare_process()
+    from pola_gnt.runs.config.app import compose_config
+    from pola_gnt.runs.config.read import read_run_settings
+    from pola_gnt.runs.config.stored import trained_run_config
+    from pola_gnt.runs.viewer import start_viewer
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    overrides = [*args.overrides, "view.port=0"]
+    cfg = compose_config(*overrides)
+    ckpt_path = str(read_run_settings(cfg).ckpt_path)
+    app = start_viewer(trained_run_config(cfg, args.out, overrides), args.out, ckpt_path)
+    timings: dict[str, Any] = {"url": app.url}
+    try:
+        with HeadlessChromium(args.chromium) as browser:
+            opened = time.perf_counter()
+            browser.open(app.url)
+            wait_until(lambda: bool(app.clients), args.timeout, "the page to connect")
+            view = next(iter(app.clients.values()))
+            wait_until(lambda: "full" in view.timings, args.timeout, "the first full-resolution image")
+            timings["page_open_to_full_s"] = round(time.perf_counter() - opened, 2)
+            time.sleep(1.0)
+            # A user's drag on the page orbits the camera: the move that is timed.
+            browser.drag((600, 400), (680, 430))
+            released = time.perf_counter()
+            # The images of the camera where the drag ended (earlier ones are cancelled or replaced).
+            wait_until(
+                lambda: view.last_shown in {(view.generation, "preview"), (view.generation, "full")},
+                args.timeout,
+                "the preview after the move",
+            )
+            timings["release_to_preview_s"] = round(time.perf_counter() - released, 2)
+            timings["preview_status"] = view.status.content
+            wait_until(lambda: view.last_shown == (view.generation, "full"), args.timeout, "the full image")
+            timings["release_to_full_s"] = round(time.perf_counter() - released, 2)
+            timings["server_timings_s"] = {level: round(seconds, 2) for level, seconds in view.timings.items()}
+            timings["full_status"], timings["errors"] = view.status.content, view.errors
+            time.sleep(2.0)  # the browser paints the image it was sent
+            browser.screenshot(args.out / "viewer_rgb.png")
+            view.mode.value = "Depth"
+            time.sleep(3.0)
+            browser.screenshot(args.out / "viewer_depth.png")
+    finally:
+        app.stop()
+    (args.out / "viewer_timings.json").write_text(json.dumps(timings, indent=1) + "\n")
+    print(json.dumps(timings, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
