@@ -4,9 +4,10 @@ and in depth.
 
     python scripts/viewer_screenshots.py ckpt_path=CKPT [scene=NAME ...] --out DIR [--chromium PATH]
 
-Writes DIR/viewer_rgb.png, DIR/viewer_depth.png and DIR/viewer_timings.json. The browser is driven
-over the DevTools protocol (a websocket; `websockets` comes with viser), so nothing beyond Chromium
-from the OS packages is needed; `tests/test_viewer.py` uses the same `HeadlessChromium`.
+Writes DIR/viewer_open.png (the page as it opens), DIR/viewer_rgb.png and DIR/viewer_depth.png
+(after the move) and DIR/viewer_timings.json. The browser is driven over the DevTools protocol (a
+websocket; `websockets` comes with viser), so nothing beyond Chromium from the OS packages is
+needed; `tests/test_viewer.py` uses the same `HeadlessChromium`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import base64
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -96,6 +98,25 @@ class HeadlessChromium:
             time.sleep(0.02)
         self.call("Input.dispatchMouseEvent", type="mouseReleased", x=end[0], y=end[1], button="left", clickCount=1)
 
+    def cpu_seconds(self) -> float:
+        """CPU time used so far by Chromium and its child processes (Linux /proc; 0 elsewhere)."""
+        tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        parents: dict[int, int] = {}
+        times: dict[int, float] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            pid = int(stat.parent.name)
+            parents[pid], times[pid] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
+        tree, grown = {self.process.pid}, True
+        while grown:
+            children = {pid for pid, parent in parents.items() if parent in tree} - tree
+            tree |= children
+            grown = bool(children)
+        return sum(times.get(pid, 0.0) for pid in tree)
+
     def screenshot(self, path: Path) -> None:
         data = self.call("Page.captureScreenshot", format="png")["data"]
         path.write_bytes(base64.b64decode(data))
@@ -156,9 +177,11 @@ def main() -> None:
             view = next(iter(app.clients.values()))
             wait_until(lambda: "full" in view.timings, args.timeout, "the first full-resolution image")
             timings["page_open_to_full_s"] = round(time.perf_counter() - opened, 2)
-            time.sleep(1.0)
+            time.sleep(2.0)  # the browser paints the image it was sent
+            browser.screenshot(args.out / "viewer_open.png")  # the first training camera's view
             # A user's drag on the page orbits the camera: the move that is timed.
-            browser.drag((600, 400), (680, 430))
+            browser_cpu = browser.cpu_seconds()
+            browser.drag((600, 400), (615, 400))  # a small turn: forward-facing scenes have no back side
             released = time.perf_counter()
             # The images of the camera where the drag ended (earlier ones are cancelled or replaced).
             wait_until(
@@ -172,6 +195,8 @@ def main() -> None:
             timings["release_to_full_s"] = round(time.perf_counter() - released, 2)
             timings["server_timings_s"] = {level: round(seconds, 2) for level, seconds in view.timings.items()}
             timings["full_status"], timings["errors"] = view.status.content, view.errors
+            # Chromium draws WebGL in software here (SwiftShader) on the same cores as the renderer.
+            timings["browser_cpu_s_during_move"] = round(browser.cpu_seconds() - browser_cpu, 1)
             time.sleep(2.0)  # the browser paints the image it was sent
             browser.screenshot(args.out / "viewer_rgb.png")
             view.mode.value = "Depth"

@@ -17,6 +17,8 @@ import pytest
 import torch
 from helpers import compose_config, load_script
 
+from pola_gnt.data.blender import load_blender_scene
+from pola_gnt.geometry.camera_paths import focus_depth
 from pola_gnt.model.renderer import render_image
 from pola_gnt.runs.camera_path_file import read_camera_path
 from pola_gnt.runs.config.stored import trained_run_config
@@ -26,6 +28,7 @@ from pola_gnt.runs.viewer import (
     ViewCamera,
     ViewerApp,
     c2w_of,
+    orbit_depth,
     pose_of,
     refinement_levels,
     start_viewer,
@@ -130,6 +133,15 @@ def test_a_render_request_returns_the_renderers_image(app):
         view.close()
 
 
+def test_the_orbit_pivots_where_the_training_cameras_look(app, shared_dir):
+    lego = load_blender_scene(shared_dir / "data" / "nerf_synthetic" / "lego", factor=8, test_views=2)
+    c2w = lego.cameras.c2w[lego.train_ids[0]]
+    # Blender's cameras circle the origin at radius 4.03, looking at it.
+    assert orbit_depth(lego, c2w) == pytest.approx(float(c2w[:3, 3].norm()), rel=0.02)
+    demo = app.renderer.scene  # forward-facing: GNT's spiral focus depth
+    assert orbit_depth(demo, demo.cameras.c2w[0]) == focus_depth(demo.bounds)
+
+
 def test_refinement_steps_grow_16x_and_end_at_full_size():
     camera = ViewCamera(torch.eye(4), 50.0, 378, 567)
     levels = refinement_levels(camera, 2048)
@@ -206,6 +218,8 @@ def test_a_browser_shows_the_rendered_scene_and_a_drag_moves_the_camera(app, tmp
         view = app.clients[next(iter(set(app.clients) - before))]
         wait_for(lambda: view.last_shown is not None and view.last_shown[1] == "full")
         start = view.current_camera().c2w
+        scene = app.renderer.scene
+        assert torch.allclose(start, scene.cameras.c2w[scene.train_ids[0]], atol=1e-4)  # the page opens there
         browser.drag((400, 300), (460, 320))
         wait_for(lambda: view.last_shown == (view.generation, "full") and view.generation > 1)
         assert not torch.allclose(view.current_camera().c2w, start, atol=1e-4)  # the drag orbited the camera

@@ -41,7 +41,7 @@ from torch import Tensor
 from pola_gnt.core.errors import UserError
 from pola_gnt.data.scene import Scene
 from pola_gnt.data.scenes import load_scene
-from pola_gnt.geometry.camera_paths import fov_intrinsics, interpolate_path
+from pola_gnt.geometry.camera_paths import focus_depth, fov_intrinsics, interpolate_path
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 from pola_gnt.model.gnt import GNT
 from pola_gnt.model.renderer import RenderedImage, render_rays
@@ -56,6 +56,9 @@ from pola_gnt.runs.video import EncodedViews, frame_images, frame_source_views, 
 log = logging.getLogger(__name__)
 MODES = ("RGB", "Depth")
 PATH_FILE = "camera_path.json"
+# Frustum lines 1.5 px wide on screen: viser's default, 0.02 scene units, is wider than a frustum in a
+# normalised LLFF scene and, seen from a training camera, its neighbours' lines cover the image.
+FRUSTUM_LINES: dict[str, Any] = {"thickness": 1.5, "thickness_units": "screen"}
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,23 @@ def refinement_levels(camera: ViewCamera, preview_rays: int) -> list[tuple[str, 
     return levels
 
 
+def orbit_depth(scene: Scene, c2w: Tensor) -> float:
+    """How far in front of camera `c2w` `[4, 4]` the viewer's orbit pivots (a drag turns the camera
+    about that point): where the training cameras look. Object rigs: the depth along this camera's
+    axis of the point nearest to all their optical axes; forward rigs (near-parallel axes): GNT's
+    spiral focus depth."""
+    if scene.rig == "object":
+        cameras = scene.cameras.c2w[scene.train_ids].double()
+        centres, axes = cameras[:, :3, 3], cameras[:, :3, 2]
+        # Least squares over the axes: sum_i (I - a_i a_i^T) (p - c_i) = 0.
+        projectors = torch.eye(3, dtype=torch.float64) - axes[:, :, None] * axes[:, None, :]
+        point = torch.linalg.solve(projectors.sum(0), (projectors @ centres[:, :, None]).sum(0))[:, 0]
+        depth = float((point - c2w[:3, 3].double()) @ c2w[:3, 2].double())
+        if depth > 0:
+            return depth
+    return focus_depth(scene.bounds)
+
+
 def c2w_of(wxyz: np.ndarray, position: np.ndarray) -> Tensor:
     """A viser pose (quaternion w, x, y, z and position; OpenCV camera axes) as c2w `[4, 4]`."""
     c2w = torch.eye(4, dtype=torch.float64)
@@ -208,6 +228,7 @@ class ClientView:
             aspect=aspect,
             scale=self.app.frustum_scale,
             color=(230, 120, 20),
+            **FRUSTUM_LINES,
             wxyz=wxyz,
             position=position,
         )
@@ -395,6 +416,7 @@ class ViewerApp:
                 aspect=width / height,
                 scale=self.frustum_scale,
                 color=(40, 90, 200),
+                **FRUSTUM_LINES,
                 wxyz=wxyz,
                 position=position,
             )
@@ -403,12 +425,15 @@ class ViewerApp:
         view = ClientView(self, client)
         self.clients[client.client_id] = view
         self.connections += 1
-        # Start at the first training camera, looking the way it looked.
+        # Start at the first training camera, looking the way it looked, the orbit pivoting where
+        # the training cameras look (viser's default pivot, the origin, turns the camera away).
         scene = self.renderer.scene
-        wxyz, position = pose_of(scene.cameras.c2w[scene.train_ids[0]])
+        c2w = scene.cameras.c2w[scene.train_ids[0]].double()
         with client.atomic():
             client.camera.fov = math.radians(scene_fov(scene))
-            client.camera.wxyz, client.camera.position = wxyz, position
+            client.camera.position = c2w[:3, 3].numpy()
+            client.camera.up_direction = (-c2w[:3, 1]).numpy()  # OpenCV: image rows point down
+            client.camera.look_at = (c2w[:3, 3] + orbit_depth(scene, c2w) * c2w[:3, 2]).numpy()
         client.camera.on_update(lambda _: view.camera_moved())
 
     def _disconnect(self, client: Any) -> None:
