@@ -134,7 +134,7 @@ class ViewRenderer:
 def refinement_levels(camera: ViewCamera, preview_rays: int) -> list[tuple[str, ViewCamera]]:
     """The images rendered after a move: a preview of at most `preview_rays` rays (about a second on
     a CPU), "refine" images of 16x the rays of the one before while they are at most a quarter of the
-    full size, then the full size. On a CPU a full image takes most of a minute (567x378: 214k rays);
+    full size, then the full size. On a 2-core CPU a full 567x378 image (214k rays) takes 60-90 s;
     the refine steps add at most a third of that (567x378 after 2048 rays: 32k rays, 15%)."""
     levels = [("preview", camera.at_most(preview_rays))]
     rays = preview_rays * 16
