@@ -29,6 +29,8 @@ from typing import Any
 
 from websockets.sync.client import connect
 
+from pola_gnt.core.errors import UserError, exit_on_user_error
+
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -38,6 +40,8 @@ class HeadlessChromium:
     WebGL (viser draws with three.js) runs on SwiftShader, Chromium's software renderer."""
 
     def __init__(self, binary: str = CHROMIUM, width: int = 1200, height: int = 800, timeout: float = 60.0):
+        if shutil.which(binary) is None:
+            raise UserError(f"--chromium {binary}: no such program (apt-get install chromium)")
         self.profile = tempfile.mkdtemp(prefix="chromium-")
         self.width, self.height = width, height
         self.process = subprocess.Popen(
@@ -57,7 +61,9 @@ class HeadlessChromium:
             stderr=subprocess.DEVNULL,
         )
         port_file = Path(self.profile) / "DevToolsActivePort"
-        wait_until(lambda: port_file.exists() and port_file.read_text().strip() != "", timeout, "Chromium's port")
+        wait_until(
+            lambda: port_file.exists() and port_file.read_text().strip() != "", timeout, "DevTools port from Chromium"
+        )
         port = int(port_file.read_text().split()[0])
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=timeout) as response:
             page = next(target for target in json.load(response) if target["type"] == "page")
@@ -143,10 +149,11 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
     start = time.perf_counter()
     while not condition():
         if time.perf_counter() - start > timeout:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+            raise UserError(f"no {what} after {timeout:.0f} s")
         time.sleep(0.05)
 
 
+@exit_on_user_error
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("overrides", nargs="+", help="the viewer's overrides: ckpt_path=CKPT [scene=NAME ...]")
@@ -163,19 +170,20 @@ def main() -> None:
     from pola_gnt.runs.config.stored import trained_run_config
     from pola_gnt.runs.viewer import start_viewer
 
-    args.out.mkdir(parents=True, exist_ok=True)
     overrides = [*args.overrides, "view.port=0"]
     cfg = compose_config(*overrides)
     ckpt_path = str(read_run_settings(cfg).ckpt_path)
-    app = start_viewer(trained_run_config(cfg, args.out, overrides), args.out, ckpt_path)
-    timings: dict[str, Any] = {"url": app.url}
-    try:
-        with HeadlessChromium(args.chromium) as browser:
+    timings: dict[str, Any] = {}
+    with HeadlessChromium(args.chromium) as browser:  # first: a missing Chromium fails before the model loads
+        args.out.mkdir(parents=True, exist_ok=True)
+        app = start_viewer(trained_run_config(cfg, args.out, overrides), args.out, ckpt_path)
+        timings["url"] = app.url
+        try:
             opened = time.perf_counter()
             browser.open(app.url)
-            wait_until(lambda: bool(app.clients), args.timeout, "the page to connect")
+            wait_until(lambda: bool(app.clients), args.timeout, "page connected")
             view = next(iter(app.clients.values()))
-            wait_until(lambda: "full" in view.timings, args.timeout, "the first full-resolution image")
+            wait_until(lambda: "full" in view.timings, args.timeout, "first full-resolution image")
             timings["page_open_to_full_s"] = round(time.perf_counter() - opened, 2)
             time.sleep(2.0)  # the browser paints the image it was sent
             browser.screenshot(args.out / "viewer_open.png")  # the first training camera's view
@@ -185,13 +193,13 @@ def main() -> None:
             released = time.perf_counter()
             # The images of the camera where the drag ended (earlier ones are cancelled or replaced).
             wait_until(
-                lambda: view.last_shown in {(view.generation, "preview"), (view.generation, "full")},
+                lambda: view.last_shown is not None and view.last_shown[0] == view.generation,
                 args.timeout,
-                "the preview after the move",
+                "preview after the move",
             )
             timings["release_to_preview_s"] = round(time.perf_counter() - released, 2)
             timings["preview_status"] = view.status.content
-            wait_until(lambda: view.last_shown == (view.generation, "full"), args.timeout, "the full image")
+            wait_until(lambda: view.last_shown == (view.generation, "full"), args.timeout, "full image after the move")
             timings["release_to_full_s"] = round(time.perf_counter() - released, 2)
             timings["server_timings_s"] = {level: round(seconds, 2) for level, seconds in view.timings.items()}
             timings["full_status"], timings["errors"] = view.status.content, view.errors
@@ -202,8 +210,8 @@ def main() -> None:
             view.mode.value = "Depth"
             time.sleep(3.0)
             browser.screenshot(args.out / "viewer_depth.png")
-    finally:
-        app.stop()
+        finally:
+            app.stop()
     (args.out / "viewer_timings.json").write_text(json.dumps(timings, indent=1) + "\n")
     print(json.dumps(timings, indent=1))
 

@@ -189,8 +189,8 @@ class ClientView:
         self.last: RenderedImage | None = None
         self.closed = False
         self.images_shown = 0
-        self.last_shown: tuple[int, str] | None = None  # (generation, "preview" / "full") of the image shown
-        self.timings: dict[str, float] = {}  # "preview" / "full": seconds from the move to the image
+        self.last_shown: tuple[int, str] | None = None  # (generation, level) of the image on the page
+        self.timings: dict[str, float] = {}  # level (refinement_levels) -> seconds from the move to its image
         self.errors: list[str] = []
         self.keyframes: list[tuple[Tensor, float]] = []  # (c2w, fov degrees)
         self._build_controls()
