@@ -54,6 +54,7 @@ from pola_gnt.attention import cpu_kernels
 from pola_gnt.core.errors import UserError, exit_on_user_error
 from pola_gnt.geometry.rays import Rays, pixel_rays
 from pola_gnt.model import GNT, SourceViews
+from pola_gnt.model.inference import FastRenderNetwork
 from pola_gnt.model.sampler import sample_depths
 from pola_gnt.runs.config.app import compose_config
 from pola_gnt.runs.config.read import read_run_settings
@@ -143,8 +144,9 @@ def counted_gflop(step) -> float:
 
 def model_steps(
     kind: str, n_samples: int, args: argparse.Namespace, sources: SourceViews, rays: Rays, device: torch.device
-) -> tuple[GNT, Callable[[], None], Callable[[], None]]:
-    """The model and its render step (eval, inference mode) and training step (forward + backward)."""
+) -> tuple[GNT, Callable[[], None], Callable[[], None], Callable[[], None]]:
+    """The model and its render step (eval, inference mode, fp32: the network itself), its bf16 render
+    step (`render.precision=bf16`: `FastRenderNetwork`) and its training step (forward + backward)."""
     torch.manual_seed(0)
     # The model's own config (conf/model/<kind>.yaml, no experiment's read-out options) at the benchmark's size.
     net = read_run_settings(compose_config(f"model={kind}", "experiment=standard", "trainer=cpu")).model.net
@@ -163,6 +165,12 @@ def model_steps(
         with torch.inference_mode(), autocast:
             model(rays, render_depths, sources)
 
+    bf16_network = FastRenderNetwork(model, torch.bfloat16)
+
+    def render_bf16_step() -> None:
+        with torch.inference_mode():
+            bf16_network(rays, render_depths, sources)
+
     def train_step() -> None:
         model.train()
         model.zero_grad(set_to_none=True)
@@ -170,7 +178,7 @@ def model_steps(
             out = model(rays, train_depths, sources)
         (out.rgb.square().mean() + 1e-3 * out.depth.mean()).backward()
 
-    return model, render_step, train_step
+    return model, render_step, render_bf16_step, train_step
 
 
 def bench_samples(
@@ -181,15 +189,16 @@ def bench_samples(
     steps = {kind: model_steps(kind, n_samples, args, sources, rays, device) for kind in args.models}
     times: dict[tuple[str, str], list[float]] = {}
     first_call_s: dict[tuple[str, str], float] = {}  # with --compile: the compilation
-    for phase in ("render", "train"):
-        for kind, (_, render_step, train_step) in steps.items():  # warm-up
+    phases = ("render", "render_bf16", "train")
+    for phase in phases:
+        for kind, (_, *phase_steps) in steps.items():  # warm-up
             start = time.perf_counter()
-            (render_step if phase == "render" else train_step)()
+            phase_steps[phases.index(phase)]()
             synchronize(device)
             first_call_s[kind, phase] = time.perf_counter() - start
         for _ in range(args.repeats):
-            for kind, (_, render_step, train_step) in steps.items():
-                step = render_step if phase == "render" else train_step
+            for kind, (_, *phase_steps) in steps.items():
+                step = phase_steps[phases.index(phase)]
                 synchronize(device)
                 start = time.perf_counter()
                 step()
@@ -198,8 +207,8 @@ def bench_samples(
 
     n_rays = len(rays)
     rows = []
-    for kind, (model, render_step, train_step) in steps.items():
-        render_s, train_s = (statistics.median(times[kind, phase]) for phase in ("render", "train"))
+    for kind, (model, render_step, _, train_step) in steps.items():
+        render_s, render_bf16_s, train_s = (statistics.median(times[kind, phase]) for phase in phases)
         gflop, train_gflop = counted_gflop(render_step), counted_gflop(train_step)
         rows.append(
             {
@@ -207,6 +216,8 @@ def bench_samples(
                 "n_samples": n_samples,
                 "n_views": args.views,
                 "render_rays_per_s": n_rays / render_s,
+                "render_bf16_rays_per_s": n_rays / render_bf16_s,
+                "render_bf16_speedup": render_s / render_bf16_s,
                 "train_rays_per_s": n_rays / train_s,
                 "peak_mem_mb": peak_step_memory_mb(train_step, device),
                 "gflop_per_ray": gflop / n_rays,
@@ -233,6 +244,8 @@ def print_table(rows: list[dict]) -> None:
     """One line per sample count, GNT and Pola-GNT side by side."""
     columns = [
         ("render rays/s", "render_rays_per_s", "{:.0f}"),
+        ("render bf16 rays/s", "render_bf16_rays_per_s", "{:.0f}"),
+        ("bf16 / fp32 render", "render_bf16_speedup", "{:.2f}x"),
         ("train rays/s", "train_rays_per_s", "{:.0f}"),
         ("train peak MB", "peak_mem_mb", "{:.0f}"),
         ("render peak MB", "render_peak_mem_mb", "{:.0f}"),
@@ -300,6 +313,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(row)
             print(
                 f"{row['model']:>9} S={n_samples:<4} render {row['render_rays_per_s']:8.0f} rays/s  "
+                f"bf16 {row['render_bf16_rays_per_s']:8.0f} rays/s  "
                 f"train {row['train_rays_per_s']:8.0f} rays/s  peak {row['peak_mem_mb']:7.0f} MB  "
                 f"{row['gflop_per_ray']:.3f} GFLOP/ray",
                 file=sys.stderr,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from helpers import load_script
 
@@ -85,4 +86,8 @@ def test_bench_render_runs_both_models_and_reports_ratios(tmp_path, capsys):
     # GNT's ray attention is quadratic in the samples: the FLOPs per ray grow faster than the samples.
     assert gnt[24] / gnt[8] > 3.0
     assert all(row["render_rays_per_s"] > 0 and row["train_gflop_per_s"] > 0 for row in rows)
+    # render.precision=bf16 beside fp32, from the same run (the ratio is what docs/benchmarks.md reports).
+    for row in rows:
+        assert row["render_bf16_rays_per_s"] > 0
+        assert row["render_bf16_speedup"] == pytest.approx(row["render_bf16_rays_per_s"] / row["render_rays_per_s"])
     assert "Pola-GNT / GNT" in capsys.readouterr().out

@@ -95,8 +95,12 @@ def test_run_config_is_the_checkpoints_plus_explicit_keys(tiny_runs):
     checkpoint = last_checkpoint(tiny_runs["pola_gnt"])
     stored = stored_run_config(read_checkpoint(checkpoint), checkpoint)
     plain = _run_config(checkpoint)
-    for section in ("data", "render", "metrics", "model", "scene", "optim"):
+    for section in ("data", "metrics", "model", "scene", "optim"):
         assert plain[section] == stored[section], section
+    # The run's samples per ray; the rays per pass, memory and render precision are the machine's.
+    assert plain.render.n_samples == stored.render.n_samples
+    for key in ("chunk_rays", "max_memory_mb", "precision"):
+        assert plain.render[key] == compose_config().render[key], key
     # The trainer is the command line's (accelerator of this machine), never the checkpoint's.
     assert plain.trainer.max_steps == compose_config().trainer.max_steps != stored.trainer.max_steps
     changed = _run_config(

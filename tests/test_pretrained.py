@@ -49,6 +49,7 @@ def test_the_shipped_checkpoint_scores_its_manifest_on_fern(name, llff_root, lpi
         f"data.root={llff_root}",
         f"metrics.lpips_weights={lpips_alex_weights}",
         "output.save_images=false",
+        "render.precision=fp32",  # the manifest's scores were rendered in fp32
         f"hydra.run.dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-2000:]

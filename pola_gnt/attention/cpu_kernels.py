@@ -134,8 +134,12 @@ MAX_VIEWS = 64
 def usable(x: Tensor, head_dim: int | None = None, views: int = 1) -> bool:
     """Whether the fused CPU kernels take `x` (already in the compute dtype) with this head dim (the
     attention kernels; None for the LePE convolution, which has none) and, for the view attention,
-    this many views."""
-    supported = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+    this many views. bf16 `x` only without autograd: the forward kernels read bf16 and compute in
+    float32 (`render.precision: bf16`), the backward kernels take float32 or float64."""
+    dtypes = (
+        (torch.float32, torch.float64) if torch.is_grad_enabled() else (torch.float32, torch.float64, torch.bfloat16)
+    )
+    supported = x.device.type == "cpu" and x.dtype in dtypes
     dims_supported = head_dim is None or head_dim in HEAD_DIMS
     return supported and dims_supported and views <= MAX_VIEWS and available()
 

@@ -9,7 +9,8 @@ and what its fused kernels need:
              dim and length limits of the kernel, its switch and its first-use check live there)
     C++      CPU inputs, `fused`, and `cpu_kernels.usable` takes the first input, in the compute
              precision of `features.compute_precision` (fp64 stays fp64, the rest becomes fp32) unless
-             `cast_for_cpu` is False, with the op's head dim and number of views
+             `cast_for_cpu` is False, with the op's head dim and number of views; bf16 inputs without
+             autograd go in as they are (`render.precision: bf16`: the kernels compute in float32)
     PyTorch  everything else
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import torch
 from torch import Tensor
 
 from pola_gnt.attention import cpu_kernels
@@ -58,6 +60,11 @@ def dispatch(
         if not cast_for_cpu:
             if cpu_kernels.usable(first, head_dim, views):
                 return cpu(*inputs)
+        elif first.dtype == torch.bfloat16 and not torch.is_grad_enabled():
+            # bf16 inference: the kernels read the bf16 activations as they are (no cast, half the
+            # memory traffic), compute in float32 and write bf16; parameters (temperatures) in float32.
+            if cpu_kernels.usable(first, head_dim, views):
+                return cpu(*(x if x.dtype == torch.bfloat16 else x.float() for x in inputs))
         else:
             with compute_precision(*inputs) as cast:
                 if cpu_kernels.usable(cast[0], head_dim, views):

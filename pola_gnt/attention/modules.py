@@ -328,7 +328,10 @@ class PolaRayAttention(PolaAttentionBase):
         def cpu(v: Tensor, attended: Tensor) -> Tensor:
             visible = None if sample_mask is None else sample_mask.to(v.dtype)
             weight = lepe.weight[:, 0, :].t()  # [kernel, dim]
-            return cpu_kernels.samples_conv(v, weight, lepe.bias, visible, attended)
+            bias = lepe.bias
+            if v.dtype == torch.bfloat16:  # bf16 rendering: the kernel sums in fp32 with fp32 weights
+                weight, bias = weight.float(), None if bias is None else bias.float()
+            return cpu_kernels.samples_conv(v, weight, bias, visible, attended)
 
         def pytorch() -> Tensor:
             masked = v if sample_mask is None else v * sample_mask.unsqueeze(-1).to(v.dtype)

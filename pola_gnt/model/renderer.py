@@ -10,7 +10,10 @@ from torch import Tensor
 
 from pola_gnt.geometry.rays import Rays, pixel_grid, pixel_rays
 from pola_gnt.model.gnt import GNT, SourceViews
+from pola_gnt.model.inference import FastRenderNetwork
 from pola_gnt.model.sampler import DepthSampler
+
+RenderNetwork = GNT | FastRenderNetwork  # model.inference.render_network: the GNT (fp32) or its bf16 copy
 
 
 @dataclass
@@ -21,7 +24,7 @@ class RenderedImage:
 
 @torch.inference_mode()
 def render_rays(
-    model: GNT,
+    model: RenderNetwork,
     rays: Rays,
     sources: SourceViews,
     depth_range: tuple[float, float],
@@ -41,7 +44,7 @@ def render_rays(
 
 @torch.inference_mode()
 def render_image(
-    model: GNT,
+    model: RenderNetwork,
     c2w: Float[Tensor, "4 4"],
     intrinsics: Float[Tensor, "3 3"],
     height: int,

@@ -63,3 +63,4 @@ class RenderSettings:
     n_samples: int  # depth samples per ray (uniform in inverse depth)
     chunk_rays: int  # rays per forward pass when rendering whole images
     max_memory_mb: float | None  # fewer rays per pass when chunk_rays would need more; None: by device
+    precision: str  # auto | fp32 | bf16 of full-image renders (test views, videos, viewer): model.inference

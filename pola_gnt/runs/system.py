@@ -27,6 +27,7 @@ from pola_gnt.evaluation.scoring import (
     write_results,
 )
 from pola_gnt.model.gnt import GNT, RayOutput, SourceViews
+from pola_gnt.model.inference import FastRenderNetwork, render_network, resolve_render_precision
 from pola_gnt.model.renderer import render_image
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.budget import budget_document, timer_seconds_in_checkpoint, training_document
@@ -71,6 +72,12 @@ class GNTSystem(pl.LightningModule):
         # checkpoint's own record replaces both (`on_load_checkpoint`).
         self.training_scenes: list[str] = [settings.scene.name]
         self.init_from: dict | None = None
+        self._rendering: GNT | FastRenderNetwork | None = None  # rendering_network's, for one test phase
+
+    def rendering_network(self, device: torch.device) -> GNT | FastRenderNetwork:
+        """What renders full images (test views, videos, the viewer) at `render.precision` on `device`:
+        the network itself (fp32) or its bf16 render copy, made from the weights as they are now."""
+        return render_network(self.net, resolve_render_precision(self.settings.render.precision, device))
 
     def start_from(self, weights: InitialWeights) -> None:
         """Fine-tuning: the network's weights from another checkpoint (strict), nothing else of its state."""
@@ -177,18 +184,20 @@ class GNTSystem(pl.LightningModule):
         )
         self.test_results = []
         self.test_started = time.perf_counter()
+        self._rendering = self.rendering_network(self.device)
 
     def test_step(self, batch: ViewBatch, batch_idx: int) -> None:
         scene = self._test_scene()
         settings = self.settings
         height, width = scene.resolution
+        network = self._rendering or self.net
         rendered = render_image(
-            self.net,
+            network,
             batch.c2w,
             batch.intrinsics,
             height,
             width,
-            self.encode_sources(batch.sources),
+            network.source_views(batch.sources.images, batch.sources.c2w, batch.sources.intrinsics),
             scene.depth_range,
             self.sampler,
             settings.render.chunk_rays,
@@ -197,6 +206,7 @@ class GNTSystem(pl.LightningModule):
         self.test_results.append(self.scorer(batch.view, rendered.rgb, rendered.depth, settings.output.save_images))
 
     def on_test_epoch_end(self) -> None:
+        self._rendering = None
         results = self.test_results
         if self.trainer.world_size > 1:
             gathered: list[list[ViewResult]] = [[] for _ in range(self.trainer.world_size)]

@@ -28,8 +28,9 @@ from pola_gnt.data.scenes import load_scene
 from pola_gnt.data.source_views import nearest_views, scene_selection_points, selection_points
 from pola_gnt.evaluation.scoring import colorize_depth
 from pola_gnt.geometry.camera_paths import fov_from_focal, fov_intrinsics, interpolate_path, spiral_path
-from pola_gnt.model.gnt import GNT, SourceViews
-from pola_gnt.model.renderer import RenderedImage, render_image
+from pola_gnt.model.gnt import SourceViews
+from pola_gnt.model.inference import FastRenderNetwork
+from pola_gnt.model.renderer import RenderedImage, RenderNetwork, render_image
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.camera_path_file import CameraPath, camera_path_document, read_camera_path, write_camera_path
 from pola_gnt.runs.config.stored import TrainedRunConfig
@@ -81,7 +82,7 @@ class EncodedViews:
     """Source views with their encoder features, computed once per training view and kept: a fly-through
     keeps most of its nearest cameras from one frame to the next."""
 
-    def __init__(self, net: GNT, scene: Scene, device: torch.device):
+    def __init__(self, net: RenderNetwork, scene: Scene, device: torch.device):
         self.net, self.scene, self.device = net, scene, device
         self.images: dict[int, Tensor] = {}  # view -> [3, H, W]
         self.features: dict[int, Tensor] = {}  # view -> [C, h, w]
@@ -120,7 +121,7 @@ def scaled_intrinsics(intrinsics: Tensor, size: tuple[int, int], scaled_size: tu
 
 
 def render_frames(
-    net: GNT,
+    net: RenderNetwork,
     scene: Scene,
     path: CameraPath,
     num_source_views: int,
@@ -309,9 +310,11 @@ def write_path_videos(
     """Render the frames of `path` not yet in `<out_dir>/frames/` (each kept there as it is
     rendered), then encode the two mp4s from all of them."""
     config = trained.settings
-    net = trained.system.net.to(fabric.device).eval()
+    trained.system.net.to(fabric.device).eval()
+    net = trained.system.rendering_network(fabric.device)
     frames = FrameFolder(out_dir / FRAMES_FOLDER)
-    frames.start(render_record(trained, camera_path_document(path, scene.name, scene.scale), chunk_rays))
+    record = render_record(trained, camera_path_document(path, scene.name, scene.scale), chunk_rays)
+    frames.start({**record, "render_precision": "bf16" if isinstance(net, FastRenderNetwork) else "fp32"})
     todo = [index for index in range(len(path)) if not frames.done(index)]
     if len(todo) < len(path):
         print(f"resuming    {len(path) - len(todo)} of {len(path)} frames already in {frames.folder}", flush=True)

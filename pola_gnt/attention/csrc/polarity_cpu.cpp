@@ -36,6 +36,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -68,6 +69,26 @@ inline float expm1_clamped(float z) {
 }
 
 inline double expm1_clamped(double z) { return std::expm1(std::min(z, kExponentClamp)); }
+
+// bf16 storage (`render.precision: bf16`) is read into float rows before any arithmetic: the compute
+// loops are then the float kernels' own, which the compiler vectorises (converting inside them did not).
+inline float to_compute(c10::BFloat16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.x) << 16); }
+inline float to_compute(float x) { return x; }
+inline double to_compute(double x) { return x; }
+
+// A row of D channels in the compute type T: the row itself when it is stored in T, else a converted copy.
+template <typename In, typename T, int D>
+struct RowReader {
+  T buffer[D];
+  const T* read(const In* __restrict src) {
+    if constexpr (std::is_same_v<In, T>) {
+      return src;
+    } else {
+      for (int c = 0; c < D; ++c) buffer[c] = to_compute(src[c]);
+      return buffer;
+    }
+  }
+};
 
 int64_t blocks_of(int64_t n, int64_t per_block) { return std::max<int64_t>(1, (n + per_block - 1) / per_block); }
 
@@ -164,13 +185,22 @@ struct TemperatureSlopes {
   }
 };
 
+// The forward kernels also take bf16 q, k, v (and visible) with float32 temperatures: they read bf16,
+// compute in float32 and write bf16 (`render.precision: bf16`); the backward kernels take float32 or
+// float64 only.
 void check_common(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& temp_same,
-                  const at::Tensor& temp_opp) {
+                  const at::Tensor& temp_opp, bool allow_bf16 = false) {
   TORCH_CHECK(q.device().is_cpu(), "polarity CPU kernels: CPU tensors expected");
-  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
-              "polarity CPU kernels: float32 or float64 expected, got ", q.scalar_type());
-  for (const auto* t : {&k, &v, &temp_same, &temp_opp}) {
-    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "polarity CPU kernels: all inputs must share one dtype");
+  const bool bf16 = allow_bf16 && q.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(bf16 || q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
+              "polarity CPU kernels: float32 or float64 expected (bf16 in forward), got ", q.scalar_type());
+  for (const auto* t : {&k, &v}) {
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "polarity CPU kernels: q, k and v must share one dtype");
+  }
+  const auto temperature_type = bf16 ? at::kFloat : q.scalar_type();
+  for (const auto* t : {&temp_same, &temp_opp}) {
+    TORCH_CHECK(t->scalar_type() == temperature_type,
+                "polarity CPU kernels: temperatures in the dtype of q (float32 for bf16 inputs)");
   }
   TORCH_CHECK(q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1,
               "polarity CPU kernels: channels must be contiguous");
@@ -230,12 +260,14 @@ struct ViewHead {
 
   // Query terms, key features, the weights (zero for invisible views) and the denominators.
   // `k` points at view 0 of this head; views are `key_stride` apart.
-  void weights(const T* q, const T* k, int64_t key_stride, const T* visible, int64_t views, const T* same_pos,
+  template <typename In>
+  void weights(const In* q, const In* k, int64_t key_stride, const In* visible, int64_t views, const T* same_pos,
                const T* same_neg, const T* opp_pos, const T* opp_neg) {
-    query.compute(q, same_pos, same_neg, opp_pos, opp_neg);
+    RowReader<In, T, D> reader;
+    query.compute(reader.read(q), same_pos, same_neg, opp_pos, opp_neg);
     T ds = static_cast<T>(kEpsilon), dop = static_cast<T>(kEpsilon);
     for (int64_t j = 0; j < views; ++j) {
-      const T* __restrict kj = k + j * key_stride;
+      const T* __restrict kj = reader.read(k + j * key_stride);
       T s = 0, o = 0;
       for (int c = 0; c < D; ++c) {
         const T x = kj[c];
@@ -246,7 +278,7 @@ struct ViewHead {
         s += query.fs[c] * feature * m;
         o += query.fo[c] * feature * (1 - m);
       }
-      const T vis = visible ? visible[j] : T(1);
+      const T vis = visible ? to_compute(visible[j]) : T(1);
       ws[j] = s * vis;
       wo[j] = o * vis;
       ds += ws[j];
@@ -257,31 +289,34 @@ struct ViewHead {
   }
 
   // Numerators sum_j w_j v_j per stream.
-  void numerators(const T* v, int64_t value_stride, int64_t views, T* __restrict num) const {
+  template <typename In>
+  void numerators(const In* v, int64_t value_stride, int64_t views, T* __restrict num) const {
     constexpr int half = D / 2;
     for (int e = 0; e < D; ++e) num[e] = 0;
+    RowReader<In, T, D> reader;
     for (int64_t j = 0; j < views; ++j) {
-      const T* __restrict vj = v + j * value_stride;
+      const T* __restrict vj = reader.read(v + j * value_stride);
       for (int e = 0; e < half; ++e) num[e] += ws[j] * vj[e];
       for (int e = half; e < D; ++e) num[e] += wo[j] * vj[e];
     }
   }
 };
 
-template <typename T, int D>
+// `In`: the storage type of q, k, v, visible and out (T, or bf16 for inference); T: the compute type.
+template <typename In, typename T, int D>
 void view_forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& temp_same,
-                       const at::Tensor& temp_opp, const T* vis_ptr, at::Tensor& out) {
+                       const at::Tensor& temp_opp, const In* vis_ptr, at::Tensor& out) {
   constexpr int half = D / 2;
   const int64_t points = q.size(0), heads = q.size(1), views = k.size(1), dim = heads * D;
-  const T* q_ptr = q.data_ptr<T>();
-  const T* k_ptr = k.data_ptr<T>();
-  const T* v_ptr = v.data_ptr<T>();
-  T* out_ptr = out.data_ptr<T>();
+  const In* q_ptr = q.data_ptr<In>();
+  const In* k_ptr = k.data_ptr<In>();
+  const In* v_ptr = v.data_ptr<In>();
+  In* out_ptr = out.data_ptr<In>();
   const ChannelTemperatures<T> temps(temp_same.data_ptr<T>(), temp_opp.data_ptr<T>(), heads, D);
   parallel_blocks(blocks_of(points, kPointsPerBlock), [&](int64_t first, int64_t last) {
     ViewHead<T, D> head;
     for (int64_t p = first * kPointsPerBlock; p < std::min(points, last * kPointsPerBlock); ++p) {
-      const T* vis = vis_ptr ? vis_ptr + p * views : nullptr;
+      const In* vis = vis_ptr ? vis_ptr + p * views : nullptr;
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t c0 = h * D;
         head.weights(q_ptr + p * q.stride(0) + c0, k_ptr + p * k.stride(0) + c0, k.stride(1), vis, views,
@@ -289,10 +324,10 @@ void view_forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                      temps.opp_neg.data() + c0);
         T num[D];
         head.numerators(v_ptr + p * v.stride(0) + c0, v.stride(1), views, num);
-        T* o = out_ptr + p * dim + c0;
+        In* o = out_ptr + p * dim + c0;
         const T inv_s = 1 / head.den_s, inv_o = 1 / head.den_o;
-        for (int e = 0; e < half; ++e) o[e] = num[e] * inv_s;
-        for (int e = half; e < D; ++e) o[e] = num[e] * inv_o;
+        for (int e = 0; e < half; ++e) o[e] = static_cast<In>(num[e] * inv_s);
+        for (int e = half; e < D; ++e) o[e] = static_cast<In>(num[e] * inv_o);
       }
     }
   });
@@ -375,8 +410,8 @@ void view_backward_impl(const at::Tensor& grad_out, const at::Tensor& q, const a
 }
 
 void check_view(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& temp_same,
-                const at::Tensor& temp_opp, const c10::optional<at::Tensor>& visible) {
-  check_common(q, k, v, temp_same, temp_opp);
+                const at::Tensor& temp_opp, const c10::optional<at::Tensor>& visible, bool allow_bf16 = false) {
+  check_common(q, k, v, temp_same, temp_opp, allow_bf16);
   TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && k.sizes() == v.sizes(), "view attention: q [P, H, d], k, v [P, V, H, d]");
   // Heads packed in each token (the point and view axes may be strided, as chunks of one projection are).
   TORCH_CHECK(q.stride(1) == q.size(2) && k.stride(2) == k.size(3) && v.stride(2) == v.size(3),
@@ -389,12 +424,19 @@ void check_view(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
 
 at::Tensor view_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& temp_same,
                         const at::Tensor& temp_opp, const c10::optional<at::Tensor>& visible) {
-  check_view(q, k, v, temp_same, temp_opp, visible);
+  check_view(q, k, v, temp_same, temp_opp, visible, /*allow_bf16=*/true);
   at::Tensor out = at::empty(q.sizes(), q.options());
+  if (q.scalar_type() == at::kBFloat16) {
+    dispatch_head_dim(q.size(2), [&](auto D) {
+      view_forward_impl<c10::BFloat16, float, decltype(D)::value>(q, k, v, temp_same, temp_opp,
+                                                                  optional_data<c10::BFloat16>(visible), out);
+    });
+    return out;
+  }
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "view_forward", [&] {
     dispatch_head_dim(q.size(2), [&](auto D) {
-      view_forward_impl<scalar_t, decltype(D)::value>(q, k, v, temp_same, temp_opp, optional_data<scalar_t>(visible),
-                                                      out);
+      view_forward_impl<scalar_t, scalar_t, decltype(D)::value>(q, k, v, temp_same, temp_opp,
+                                                                optional_data<scalar_t>(visible), out);
     });
   });
   return out;
@@ -449,17 +491,19 @@ struct RayHead {
   QueryTerms<T, D> query;
   T den_s = 0, den_o = 0;
 
-  void key_stats(const T* k, const T* v, const T* visible, int64_t samples, int64_t k_row, int64_t v_row) {
+  template <typename In>
+  void key_stats(const In* k, const In* v, const In* visible, int64_t samples, int64_t k_row, int64_t v_row) {
+    RowReader<In, T, D> key_reader, value_reader;
     for (int row = 0; row < 2 * D; ++row) {
       for (int e = 0; e < D; ++e) W[row][e] = 0;
       Z[row] = 0;
     }
     for (int64_t j = 0; j < samples; ++j) {
-      const T vis = visible ? visible[j] : T(1);
-      const T* __restrict vj = v + j * v_row;
+      const T vis = visible ? to_compute(visible[j]) : T(1);
+      const T* __restrict vj = value_reader.read(v + j * v_row);
       T feature[D];
       int row[D];
-      key_features<T, D>(k + j * k_row, vis, feature, row);
+      key_features<T, D>(key_reader.read(k + j * k_row), vis, feature, row);
       for (int c = 0; c < D; ++c) {
         T* __restrict w = W[row[c]];
         for (int e = 0; e < D; ++e) w[e] += feature[c] * vj[e];
@@ -469,8 +513,11 @@ struct RayHead {
   }
 
   // One query: its terms and rows, the output and the denominators.
-  void attend(const T* q, const T* same_pos, const T* same_neg, const T* opp_pos, const T* opp_neg) {
+  template <typename In>
+  void attend(const In* q_in, const T* same_pos, const T* same_neg, const T* opp_pos, const T* opp_neg) {
     constexpr int half = D / 2;
+    RowReader<In, T, D> reader;
+    const T* __restrict q = reader.read(q_in);
     query.compute(q, same_pos, same_neg, opp_pos, opp_neg);
     for (int c = 0; c < D; ++c) {
       row_s[c] = q[c] > 0 ? c : D + c;
@@ -494,19 +541,19 @@ struct RayHead {
   }
 };
 
-template <typename T, int D>
+template <typename In, typename T, int D>
 void ray_forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& temp_same,
-                      const at::Tensor& temp_opp, const T* vis_ptr, int64_t heads, at::Tensor& out) {
+                      const at::Tensor& temp_opp, const In* vis_ptr, int64_t heads, at::Tensor& out) {
   const int64_t rays = q.size(0), samples = q.size(1), dim = heads * D;
-  const T* q_ptr = q.data_ptr<T>();
-  const T* k_ptr = k.data_ptr<T>();
-  const T* v_ptr = v.data_ptr<T>();
-  T* out_ptr = out.data_ptr<T>();  // [R, S, H * d] contiguous
+  const In* q_ptr = q.data_ptr<In>();
+  const In* k_ptr = k.data_ptr<In>();
+  const In* v_ptr = v.data_ptr<In>();
+  In* out_ptr = out.data_ptr<In>();  // [R, S, H * d] contiguous
   const ChannelTemperatures<T> temps(temp_same.data_ptr<T>(), temp_opp.data_ptr<T>(), heads, D);
   parallel_blocks(blocks_of(rays, kRaysPerBlock), [&](int64_t first, int64_t last) {
     RayHead<T, D> head;
     for (int64_t r = first * kRaysPerBlock; r < std::min(rays, last * kRaysPerBlock); ++r) {
-      const T* vis = vis_ptr ? vis_ptr + r * samples : nullptr;
+      const In* vis = vis_ptr ? vis_ptr + r * samples : nullptr;
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t c0 = h * D;
         head.key_stats(k_ptr + r * k.stride(0) + c0, v_ptr + r * v.stride(0) + c0, vis, samples, k.stride(1),
@@ -514,8 +561,8 @@ void ray_forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor
         for (int64_t i = 0; i < samples; ++i) {
           head.attend(q_ptr + r * q.stride(0) + i * q.stride(1) + c0, temps.same_pos.data() + c0,
                       temps.same_neg.data() + c0, temps.opp_pos.data() + c0, temps.opp_neg.data() + c0);
-          T* o = out_ptr + (r * samples + i) * dim + c0;
-          for (int e = 0; e < D; ++e) o[e] = head.out[e];
+          In* o = out_ptr + (r * samples + i) * dim + c0;
+          for (int e = 0; e < D; ++e) o[e] = static_cast<In>(head.out[e]);
         }
       }
     }
@@ -630,8 +677,9 @@ void ray_backward_impl(const at::Tensor& grad_out, const at::Tensor& q, const at
 }
 
 void check_ray(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& temp_same,
-               const at::Tensor& temp_opp, const c10::optional<at::Tensor>& visible, int64_t heads) {
-  check_common(q, k, v, temp_same, temp_opp);
+               const at::Tensor& temp_opp, const c10::optional<at::Tensor>& visible, int64_t heads,
+               bool allow_bf16 = false) {
+  check_common(q, k, v, temp_same, temp_opp, allow_bf16);
   TORCH_CHECK(q.dim() == 3 && q.sizes() == k.sizes() && q.sizes() == v.sizes(), "ray attention: q, k, v [R, S, H * d]");
   TORCH_CHECK(heads > 0 && q.size(2) % heads == 0, "ray attention: channels divisible by heads");
   check_temperatures(temp_same, temp_opp, heads, q.size(2) / heads, "ray attention");
@@ -640,12 +688,19 @@ void check_ray(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
 
 at::Tensor ray_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& temp_same,
                        const at::Tensor& temp_opp, const c10::optional<at::Tensor>& visible, int64_t heads) {
-  check_ray(q, k, v, temp_same, temp_opp, visible, heads);
+  check_ray(q, k, v, temp_same, temp_opp, visible, heads, /*allow_bf16=*/true);
   at::Tensor out = at::empty(q.sizes(), q.options());
+  if (q.scalar_type() == at::kBFloat16) {
+    dispatch_head_dim(q.size(2) / heads, [&](auto D) {
+      ray_forward_impl<c10::BFloat16, float, decltype(D)::value>(q, k, v, temp_same, temp_opp,
+                                                                 optional_data<c10::BFloat16>(visible), heads, out);
+    });
+    return out;
+  }
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "ray_forward", [&] {
     dispatch_head_dim(q.size(2) / heads, [&](auto D) {
-      ray_forward_impl<scalar_t, decltype(D)::value>(q, k, v, temp_same, temp_opp, optional_data<scalar_t>(visible),
-                                                     heads, out);
+      ray_forward_impl<scalar_t, scalar_t, decltype(D)::value>(q, k, v, temp_same, temp_opp,
+                                                               optional_data<scalar_t>(visible), heads, out);
     });
   });
   return out;
@@ -680,29 +735,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> ray_backw
 // (x outside [0, S) is 0). Backward: d x[j] = vis[j] sum_t weight[t] g[j - t + K/2]; d weight[t] and
 // d bias are sums over rays and samples, per block of rays (added in block order by the caller).
 
-template <typename T>
-void samples_conv_forward_impl(const at::Tensor& x, const at::Tensor& weight, const T* bias, const T* vis_ptr,
+// `In`: the storage type of x, visible, residual and out (T, or bf16 for inference); weight and bias in T,
+// the sums in T (one row of T per thread, written out once).
+template <typename In, typename T>
+void samples_conv_forward_impl(const at::Tensor& x, const at::Tensor& weight, const T* bias, const In* vis_ptr,
                                const at::Tensor& residual, at::Tensor& out) {
   const int64_t rays = x.size(0), samples = x.size(1), channels = x.size(2), taps = weight.size(0), pad = taps / 2;
-  const T* x_ptr = x.data_ptr<T>();
+  const In* x_ptr = x.data_ptr<In>();
   const T* w_ptr = weight.data_ptr<T>();
-  const T* res_ptr = residual.defined() ? residual.data_ptr<T>() : nullptr;
-  T* out_ptr = out.data_ptr<T>();
+  const In* res_ptr = residual.defined() ? residual.data_ptr<In>() : nullptr;
+  In* out_ptr = out.data_ptr<In>();
   parallel_blocks(blocks_of(rays, kRaysPerBlock), [&](int64_t first, int64_t last) {
+    std::vector<T> row(channels);
+    T* __restrict o = row.data();
     for (int64_t r = first * kRaysPerBlock; r < std::min(rays, last * kRaysPerBlock); ++r) {
-      const T* vis = vis_ptr ? vis_ptr + r * samples : nullptr;
+      const In* vis = vis_ptr ? vis_ptr + r * samples : nullptr;
       for (int64_t i = 0; i < samples; ++i) {
-        T* __restrict o = out_ptr + (r * samples + i) * channels;
-        const T* __restrict res = res_ptr ? res_ptr + r * residual.stride(0) + i * residual.stride(1) : nullptr;
-        for (int64_t c = 0; c < channels; ++c) o[c] = (res ? res[c] : T(0)) + (bias ? bias[c] : T(0));
+        const In* __restrict res = res_ptr ? res_ptr + r * residual.stride(0) + i * residual.stride(1) : nullptr;
+        for (int64_t c = 0; c < channels; ++c) {
+          o[c] = (res ? to_compute(res[c]) : T(0)) + (bias ? bias[c] : T(0));
+        }
         for (int64_t t = 0; t < taps; ++t) {
           const int64_t j = i + t - pad;
           if (j < 0 || j >= samples) continue;
-          const T m = vis ? vis[j] : T(1);
-          const T* __restrict xj = x_ptr + r * x.stride(0) + j * x.stride(1);
+          const T m = vis ? to_compute(vis[j]) : T(1);
+          const In* __restrict xj = x_ptr + r * x.stride(0) + j * x.stride(1);
           const T* __restrict w = w_ptr + t * channels;
-          for (int64_t c = 0; c < channels; ++c) o[c] += w[c] * m * xj[c];
+          for (int64_t c = 0; c < channels; ++c) o[c] += w[c] * m * to_compute(xj[c]);
         }
+        In* __restrict dst = out_ptr + (r * samples + i) * channels;
+        for (int64_t c = 0; c < channels; ++c) dst[c] = static_cast<In>(o[c]);
       }
     }
   });
@@ -750,34 +812,42 @@ void samples_conv_backward_impl(const at::Tensor& grad, const at::Tensor& x, con
   });
 }
 
+// Forward also takes bf16 x (visible, residual) with float32 weight and bias, as the attention kernels.
 void check_samples_conv(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-                        const c10::optional<at::Tensor>& visible) {
-  TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble),
-              "samples_conv: float32 or float64 CPU tensors expected");
+                        const c10::optional<at::Tensor>& visible, bool allow_bf16 = false) {
+  const bool bf16 = allow_bf16 && x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(x.device().is_cpu() && (bf16 || x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble),
+              "samples_conv: float32 or float64 CPU tensors expected (bf16 in forward)");
+  const auto weight_type = bf16 ? at::kFloat : x.scalar_type();
   TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "samples_conv: x [R, S, C] with contiguous channels");
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) == x.size(2) && weight.size(0) % 2 == 1 && weight.is_contiguous() &&
-                  weight.scalar_type() == x.scalar_type(),
-              "samples_conv: weight [K (odd), C], contiguous, in the dtype of x");
+                  weight.scalar_type() == weight_type,
+              "samples_conv: weight [K (odd), C], contiguous, in the dtype of x (float32 for bf16 x)");
   if (bias.has_value()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == x.size(2) && bias->is_contiguous() &&
-                    bias->scalar_type() == x.scalar_type(),
-                "samples_conv: bias [C] in the dtype of x");
+                    bias->scalar_type() == weight_type,
+                "samples_conv: bias [C] in the dtype of the weight");
   }
   check_visible(visible, x, x.size(0), x.size(1), "samples_conv");
 }
 
 at::Tensor samples_conv_forward(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                                 const c10::optional<at::Tensor>& visible, const c10::optional<at::Tensor>& residual) {
-  check_samples_conv(x, weight, bias, visible);
+  check_samples_conv(x, weight, bias, visible, /*allow_bf16=*/true);
   if (residual.has_value()) {
     TORCH_CHECK(residual->sizes() == x.sizes() && residual->stride(2) == 1 && residual->scalar_type() == x.scalar_type(),
                 "samples_conv: residual like x");
   }
   at::Tensor out = at::empty(x.sizes(), x.options());
   const at::Tensor res = residual.has_value() ? *residual : at::Tensor();
+  if (x.scalar_type() == at::kBFloat16) {
+    samples_conv_forward_impl<c10::BFloat16, float>(x, weight, optional_data<float>(bias),
+                                                    optional_data<c10::BFloat16>(visible), res, out);
+    return out;
+  }
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "samples_conv_forward", [&] {
-    samples_conv_forward_impl<scalar_t>(x, weight, optional_data<scalar_t>(bias), optional_data<scalar_t>(visible), res,
-                                        out);
+    samples_conv_forward_impl<scalar_t, scalar_t>(x, weight, optional_data<scalar_t>(bias),
+                                                  optional_data<scalar_t>(visible), res, out);
   });
   return out;
 }

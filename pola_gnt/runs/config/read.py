@@ -36,6 +36,7 @@ from pola_gnt.data.source_views import POOL_FACTORS, RIG_CHOICES
 from pola_gnt.evaluation.metrics import LPIPS_NETS, PROTOCOL_DEFAULTS, PROTOCOLS
 from pola_gnt.evaluation.settings import MetricsSettings, OutputSettings
 from pola_gnt.geometry.camera_paths import PATH_KINDS
+from pola_gnt.model.inference import PRECISIONS
 from pola_gnt.model.settings import COMPAT_MODES, EncoderSettings, ModelSettings, NetSettings, RenderSettings
 from pola_gnt.runs.budget import max_time_seconds
 from pola_gnt.runs.settings import (
@@ -275,7 +276,12 @@ def _random_crop(r: ConfigReader) -> RandomCrop | None:
 def _render(r: ConfigReader) -> RenderSettings:
     n_samples = r.int("n_samples", minimum=2, why="samples per ray")
     max_memory_mb = None if r.value("max_memory_mb", nullable=True) is None else r.number("max_memory_mb", 0)
-    return RenderSettings(n_samples=n_samples, chunk_rays=r.int("chunk_rays"), max_memory_mb=max_memory_mb)
+    return RenderSettings(
+        n_samples=n_samples,
+        chunk_rays=r.int("chunk_rays"),
+        max_memory_mb=max_memory_mb,
+        precision=r.choice("precision", PRECISIONS),
+    )
 
 
 def _optim(r: ConfigReader) -> OptimSettings:

@@ -95,10 +95,20 @@ def check_compatible(path: Path, cfg: DictConfig, stored: DictConfig) -> DictCon
     return stored
 
 
-# Sections that describe the machine and the command rather than the trained run: always taken from
-# the command line's config, so a GPU-trained checkpoint evaluates on a CPU and old checkpoints
-# render videos with today's video options.
-COMMAND_SECTIONS = ("trainer", "video", "view", "analyze", "ckpt_path")
+# Sections (and keys) that describe the machine and the command rather than the trained run: always
+# taken from the command line's config, so a GPU-trained checkpoint evaluates on a CPU, old checkpoints
+# render videos with today's video options, and rays per pass, memory and render precision suit the
+# machine at hand (the rays per pass do not change a pixel: tests/test_render_precision.py).
+COMMAND_SECTIONS = (
+    "trainer",
+    "video",
+    "view",
+    "analyze",
+    "ckpt_path",
+    "render.chunk_rays",
+    "render.max_memory_mb",
+    "render.precision",
+)
 
 
 def config_groups(config_dir: Path) -> set[str]:
@@ -203,7 +213,9 @@ def run_config_with_overrides(
       as setting every key its file sets;
     - `model=NAME` must name the checkpoint's model and `model.net.*` keys must equal the
       checkpoint's: a network cannot change after training (UserError naming what differs);
-    - `trainer`, `video`, `view`, `analyze` and `ckpt_path` always come from `cfg` (`COMMAND_SECTIONS`).
+    - `trainer`, `video`, `view`, `analyze`, `ckpt_path` and the render keys of the machine
+      (`render.chunk_rays`, `render.max_memory_mb`, `render.precision`) always come from `cfg`
+      (`COMMAND_SECTIONS`).
     Keys the checkpoint lacks (added to the project after it was saved) take `cfg`'s defaults.
     """
     chosen, keys = command_line_keys(overrides, config_dir)

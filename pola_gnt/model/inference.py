@@ -1,0 +1,306 @@
+"""What renders images from a trained GNT, in the precision `render.precision` picks.
+
+    fp32   the GNT itself: training's forward, so today's outputs bit for bit;
+    bf16   `FastRenderNetwork`: the same function with work moved out of the per-sample path (exact
+           moves, below) and the matmuls, the fused attention kernels and the encoder in bf16.
+
+`auto` picks bf16 on a CPU that reports AVX512-BF16 or AMX (bf16 matmuls run there at 2-6x the
+fp32 speed, `docs/benchmarks.md`), fp32 on other CPUs (bf16 would be emulated and slower) and on a CUDA
+device (today's behaviour: the trainer's precision, bf16 autocast under `trainer=gpu`).
+
+The moves, each the same function as the GNT's forward (tests hold them to 1e-5 in fp32):
+- The view tokens' first layer is linear in `[rgb, feature]`, and a bilinear read with border (or
+  zero) padding is a weighted sum whose weights do not depend on the channel: so projecting each
+  source view's feature map once, `W_f F` (about 12k feature pixels per view at factor 8), and
+  reading the projection equals reading the features and projecting every sample's (6 M per view
+  per frame). The colour part `W_rgb rgb` (3 channels) and the bias stay per sample; visibility
+  zeroes the input, so it multiplies the projection before the bias.
+- The position fusion's input is `[token, code(point), code(direction)]`: its first layer is the sum of
+  three products, and the direction is the same for every sample of a ray, so its product is
+  computed once per ray instead of once per sample (and no `[rays, samples, width + 126]` tensor is
+  concatenated).
+
+Numerics of bf16: weights of the linear layers (and the LePE's) are converted once per render
+network; layer norms keep fp32 weights and normalise in fp32 (PyTorch's CPU kernels accumulate bf16
+inputs in fp32), softmax and the read-out's pooling run in fp32, the polarity kernels read bf16 and
+compute their exponential feature maps in fp32 registers (`attention/csrc`), the projections,
+visibility and sample positions are fp32, and the outputs (colour, depth, weights) are fp32.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
+from pola_gnt.geometry.rays import Rays, points_along_rays
+from pola_gnt.model.gnt import GNT, GNTBlock, RayOutput, SourceViews, sinusoidal_encoding
+
+PRECISIONS = ("auto", "fp32", "bf16")
+CPUINFO = Path("/proc/cpuinfo")
+
+
+# --------------------------------------------------------------------------------------------------
+# Which precision
+
+
+def cpu_bf16_feature(cpuinfo: Path | None = None) -> str | None:
+    """The CPU's bf16 matmul units as the kernel reports them (`amx_bf16` or `avx512_bf16` among the
+    flags of /proc/cpuinfo, or of `cpuinfo`), or None (other systems, or a CPU without them)."""
+    try:
+        text = (cpuinfo or CPUINFO).read_text()
+    except OSError:
+        return None
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+            break
+    if "amx_bf16" in flags:
+        return "AMX"
+    if "avx512_bf16" in flags:
+        return "AVX512-BF16"
+    return None
+
+
+@dataclass(frozen=True)
+class RenderPrecision:
+    dtype: torch.dtype  # float32: the GNT's own forward; bfloat16: FastRenderNetwork
+    reason: str  # why, for the one line each command prints
+
+    @property
+    def name(self) -> str:
+        return "bf16" if self.dtype == torch.bfloat16 else "fp32"
+
+
+def resolve_render_precision(setting: str, device: torch.device) -> RenderPrecision:
+    """`render.precision` (`auto`, `fp32`, `bf16`) on `device` -> the dtype and why."""
+    if setting == "fp32":
+        return RenderPrecision(torch.float32, "render.precision=fp32")
+    if setting == "bf16":
+        return RenderPrecision(torch.bfloat16, "render.precision=bf16")
+    if setting != "auto":
+        raise ValueError(f"render.precision: one of {PRECISIONS}, got {setting!r}")
+    if device.type != "cpu":
+        return RenderPrecision(torch.float32, f"auto: a {device.type.upper()} device keeps the trainer's precision")
+    feature = cpu_bf16_feature()
+    if feature is None:
+        return RenderPrecision(torch.float32, "auto: the CPU reports no AVX512-BF16 or AMX (bf16 would be emulated)")
+    return RenderPrecision(torch.bfloat16, f"auto: the CPU reports {feature}")
+
+
+@functools.cache
+def _announce(line: str) -> None:
+    print(line, flush=True)
+
+
+def render_network(net: GNT, precision: RenderPrecision) -> GNT | FastRenderNetwork:
+    """The network that renders images at `precision`, printing which (once per process and choice).
+    The GNT itself for fp32 and for GNT's converted checkpoints (`model.net.compat=gnt`, GNT's exact
+    forward, which the fast network does not reproduce)."""
+    if precision.dtype == torch.float32:
+        _announce(f"render precision: fp32 ({precision.reason})")
+        return net
+    if net.gnt_compatible:
+        _announce("render precision: fp32 (model.net.compat=gnt renders with GNT's exact forward)")
+        return net
+    _announce(f"render precision: bf16 ({precision.reason})")
+    return FastRenderNetwork(net, precision.dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# The fast network
+
+
+@dataclass
+class ProjectedSources:
+    """Source views whose feature maps are already multiplied by the view tokens' first layer."""
+
+    views: SourceViews
+    projected: Float[Tensor, "views width h w"]  # W_f F, fp32, no bias
+
+
+def _bilinear_channels(
+    maps: Float[Tensor, "views channels h w"], grid: Float[Tensor, "views points 2"], padding_mode: str
+) -> Float[Tensor, "views channels points"]:
+    """`model.gnt`'s bilinear read, channels first (grid_sample's own layout: no transpose)."""
+    values = F.grid_sample(maps, grid[:, :, None, :], mode="bilinear", padding_mode=padding_mode, align_corners=True)
+    return values[..., 0]
+
+
+class FastRenderNetwork:
+    """The forward of a GNT (`model.gnt`) for rendering, with the exact moves of the module docstring,
+    in `dtype` (bf16; fp32 runs the same moves, which is how the tests compare them with the GNT).
+    Holds the GNT for its encoder and read-out (fp32) and converted copies of the rest, made once:
+    later changes to the GNT's weights do not reach it. Not an `nn.Module`, so that holding one
+    (`GNTSystem.rendering_network`) adds nothing to a checkpoint."""
+
+    def __init__(self, net: GNT, dtype: torch.dtype = torch.bfloat16):
+        if net.gnt_compatible:
+            raise ValueError("FastRenderNetwork: model.net.compat=gnt renders with the GNT itself")
+        self.net, self.dtype = net, dtype
+        first, _, second = net.view_token_mlp
+        assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
+        weight = first.weight.detach()  # [width, 3 + C]
+        self.rgb_weight = weight[:, :3].contiguous()  # [width, 3], fp32 (3-channel products per sample)
+        self.feature_weight = weight[:, 3:].contiguous()  # [width, C]: projects the feature maps
+        self.first_bias = first.bias.detach()
+        self.second = _converted(second, dtype)
+        self.blocks = nn.ModuleList(_converted(block, dtype) for block in net.blocks)
+        # Position fusion's first layer split by input: token | code(point) | code(direction).
+        self.fusion_parts: list[tuple[Tensor, Tensor, Tensor, Tensor] | None] = []
+        width, half_code = net.settings.width, 3 * (1 + 2 * net.n_freqs)
+        for block in net.blocks:
+            assert isinstance(block, GNTBlock)
+            if block.position_fusion is None:
+                self.fusion_parts.append(None)
+                continue
+            layer = block.position_fusion[0]
+            assert isinstance(layer, nn.Linear)
+            w = layer.weight.detach()
+            self.fusion_parts.append(
+                (
+                    w[:, :width].to(dtype),
+                    w[:, width : width + half_code].to(dtype),
+                    w[:, width + half_code :].t().contiguous(),  # fp32: once per ray
+                    layer.bias.detach(),
+                )
+            )
+        self._last_projected: ProjectedSources | None = None
+
+    @property
+    def settings(self):
+        return self.net.settings
+
+    @property
+    def gnt_compatible(self) -> bool:
+        return False
+
+    # ---- source views ----------------------------------------------------------------------------
+
+    def encode(self, images: Float[Tensor, "views 3 height width"]) -> Float[Tensor, "views channels h w"]:
+        """The GNT's encoder with its convolutions in `dtype` (autocast; its norms in fp32), fp32 out."""
+        with torch.autocast(images.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+            return self.net.encode(images).float()
+
+    def source_views(
+        self,
+        images: Float[Tensor, "views 3 height width"],
+        c2w: Float[Tensor, "views 4 4"],
+        intrinsics: Float[Tensor, "views 3 3"],
+    ) -> SourceViews:
+        return SourceViews(images=images, features=self.encode(images), c2w=c2w, intrinsics=intrinsics)
+
+    def project(self, sources: SourceViews) -> ProjectedSources:
+        """Multiply every feature pixel by the first layer's feature part, once per set of views."""
+        features = sources.features.float()
+        projected = torch.einsum("wc,vchx->vwhx", self.feature_weight, features)
+        # Channels last: grid_sample reads it faster (the same values).
+        projected = projected.contiguous(memory_format=torch.channels_last)
+        return ProjectedSources(views=sources, projected=projected)
+
+    def _projected(self, sources: SourceViews | ProjectedSources) -> ProjectedSources:
+        if isinstance(sources, ProjectedSources):
+            return sources
+        # The render loops pass the same SourceViews chunk after chunk: project it once.
+        cached = self._last_projected
+        if cached is None or cached.views is not sources:
+            cached = self.project(sources)
+            self._last_projected = cached
+        return cached
+
+    # ---- rays -----------------------------------------------------------------------------------
+
+    def __call__(
+        self, rays: Rays, depths: Float[Tensor, "rays samples"], sources: SourceViews | ProjectedSources
+    ) -> RayOutput:
+        """As `GNT.forward`: `rays` (a chunk) at sample `depths` `[rays, samples]`."""
+        net, dtype = self.net, self.dtype
+        prepared = self._projected(sources)
+        views = prepared.views
+        n_rays, n_samples = depths.shape
+        height, width = views.images.shape[-2:]
+        with torch.autocast(device_type=depths.device.type, enabled=False):
+            points = points_along_rays(rays, depths).float()  # [rays, samples, 3]
+            projection = project_points(points, views.c2w.float(), views.intrinsics.float(), height, width)
+            grid = pixels_to_grid(projection.pixels, height, width).flatten(1, 2)  # [views, points, 2]
+            visible = projection.visible.flatten(1)  # [views, points]
+            # Channels first, as grid_sample reads them: [views, channels, points].
+            seen_by = visible[:, None, :].float()  # [views, 1, points]
+            rgb = _bilinear_channels(views.images.float(), grid, "border").mul_(seen_by)  # [views, 3, points]
+            hidden = _bilinear_channels(prepared.projected, grid, "border").mul_(seen_by)  # [views, width, points]
+            # First layer: visible * (W_f f + W_rgb rgb) + b, then ReLU (rgb is already zeroed where unseen).
+            hidden = torch.baddbmm(hidden, self.rgb_weight.expand(len(rgb), -1, -1), rgb)
+            hidden = torch.relu_(hidden.add_(self.first_bias[:, None]))
+            # One pass to the token layout [points, views, width], in the compute dtype.
+            n_views, n_width, n_points = hidden.shape
+            tokens_in = hidden.new_empty((n_points, n_views, n_width), dtype=dtype)
+            tokens_in.permute(1, 2, 0).copy_(hidden)
+            rel_dirs = relative_directions(points, rays.origins[:, None, :].float(), views.centers.float())
+            view_mask = visible.t()  # [points, views]
+            seen = view_mask.any(dim=-1).unflatten(0, (n_rays, n_samples))  # [rays, samples]
+            point_code = sinusoidal_encoding(points, net.n_freqs)  # [rays, samples, 63]
+            unit_dirs = F.normalize(rays.directions.float(), dim=-1)
+            direction_code = sinusoidal_encoding(unit_dirs, net.n_freqs)  # [rays, 63]: once per ray
+
+        view_tokens = self.second(tokens_in)  # [points, views, width]
+        tokens = _masked_max_over_views(view_tokens, view_mask).unflatten(0, (n_rays, n_samples))
+        rel_dirs = rel_dirs.flatten(0, 1).to(dtype)  # [points, views, 4]
+        point_code = point_code.to(dtype)
+        for block, fusion in zip(self.blocks, self.fusion_parts):
+            assert isinstance(block, GNTBlock)
+            tokens = block.view_block(tokens.flatten(0, 1), view_tokens, rel_dirs, view_mask)
+            tokens = tokens.unflatten(0, (n_rays, n_samples))
+            if fusion is not None and block.position_fusion is not None:
+                token_weight, point_weight, direction_weight, bias = fusion
+                per_ray = (direction_code @ direction_weight + bias).to(dtype)  # [rays, width]
+                first = F.linear(tokens, token_weight) + F.linear(point_code, point_weight) + per_ray[:, None, :]
+                _, activation, last = block.position_fusion
+                tokens = last(activation(first))
+            tokens = block.ray_block(tokens, seen)
+        readout = net.readout
+        source_colours = None
+        if readout.needs_source_colours:
+            source_colours = _source_colour_statistics(rgb.transpose(1, 2), visible, n_rays, n_samples)
+        return readout(tokens.float(), seen, depths.float(), source_colours)
+
+
+def _masked_max_over_views(tokens: Float[Tensor, "points views width"], mask: Tensor) -> Float[Tensor, "points width"]:
+    """`gnt.masked_max` (the same values: a maximum is exact in any order) as a running maximum over
+    the few views, twice as fast as the masked fill and `amax` in bf16."""
+    masked = torch.where(mask[..., None], tokens, torch.tensor(float("-inf"), dtype=tokens.dtype))
+    out = masked[:, 0]
+    for view in range(1, masked.shape[1]):
+        out = torch.maximum(out, masked[:, view])
+    return torch.where(mask.any(dim=-1, keepdim=True), out, torch.zeros((), dtype=out.dtype))
+
+
+def _source_colour_statistics(
+    rgb: Float[Tensor, "views points 3"], visible: Tensor, n_rays: int, n_samples: int
+) -> tuple[Float[Tensor, "rays samples 3"], Float[Tensor, "rays samples"]]:
+    """`gnt.source_colour_statistics` from the view-major reads (rgb zeroed where not visible)."""
+    weights = visible.to(rgb.dtype)[..., None]  # [views, points, 1]
+    count = weights.sum(dim=0)  # [points, 1]
+    views = count.clamp(min=1.0)
+    mean = rgb.sum(dim=0) / views
+    variance = ((rgb - mean).square() * weights).sum(dim=0) / views
+    spread = variance.clamp(min=0.0).sqrt().mean(dim=-1)
+    spread = torch.where(count[..., 0] >= 2, spread, torch.full_like(spread, 0.5))
+    return mean.unflatten(0, (n_rays, n_samples)), spread.unflatten(0, (n_rays, n_samples))
+
+
+def _converted(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A copy of `module` whose linear and convolution layers hold `dtype` weights; layer norms and the
+    polarity temperatures stay fp32 (normalisations and the exponential feature maps compute in fp32)."""
+    module = copy.deepcopy(module)
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear | nn.Conv1d):
+            layer.to(dtype)
+    return module.eval()

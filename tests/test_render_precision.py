@@ -1,0 +1,273 @@
+"""`render.precision` (`pola_gnt.model.inference`): which precision `auto` picks and why, the fallback
+on a CPU without bf16 units, the moves out of the per-sample path (equal to the GNT's forward in fp32),
+bf16 rendering against the fp64 network, and the bf16 forms of the fused CPU kernels against the fp64
+reference of the math."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from pola_gnt.attention import cpu_kernels
+from pola_gnt.attention.functional import polarity_ray_attention
+from pola_gnt.attention.reference import polarity_attention_reference
+from pola_gnt.attention.view_functional import polarity_view_attention
+from pola_gnt.core.errors import UserError
+from pola_gnt.geometry.rays import pixel_grid, pixel_rays
+from pola_gnt.model import GNT, inference
+from pola_gnt.model.inference import FastRenderNetwork, render_network, resolve_render_precision
+from pola_gnt.model.renderer import render_image
+from pola_gnt.model.sampler import DepthSampler, sample_depths
+from pola_gnt.runs.config.app import compose_config
+from pola_gnt.runs.config.read import read_run_settings
+
+CPUINFO_LINES = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 {extra}\n\n"
+
+
+def _cpuinfo(tmp_path: Path, extra: str) -> Path:
+    path = tmp_path / f"cpuinfo_{extra or 'plain'}"
+    path.write_text(CPUINFO_LINES.format(extra=extra))
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Which precision, and why
+
+
+@pytest.mark.parametrize(
+    ("extra", "feature"), [("avx512f avx512_bf16", "AVX512-BF16"), ("amx_tile amx_bf16 avx512_bf16", "AMX"), ("", None)]
+)
+def test_the_cpu_features_are_read_from_cpuinfo(tmp_path, extra, feature):
+    assert inference.cpu_bf16_feature(_cpuinfo(tmp_path, extra)) == feature
+    assert inference.cpu_bf16_feature(tmp_path / "missing") is None  # not Linux: no bf16 assumed
+
+
+def test_auto_picks_bf16_where_the_cpu_has_it_and_fp32_elsewhere(tmp_path, monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(inference, "CPUINFO", _cpuinfo(tmp_path, "avx512_bf16"))
+    chosen = resolve_render_precision("auto", cpu)
+    assert chosen.dtype == torch.bfloat16 and "AVX512-BF16" in chosen.reason
+    # The fallback: a CPU that reports no bf16 units renders with the GNT itself, in fp32.
+    monkeypatch.setattr(inference, "CPUINFO", _cpuinfo(tmp_path, ""))
+    fallback = resolve_render_precision("auto", cpu)
+    assert fallback.dtype == torch.float32 and "no AVX512-BF16 or AMX" in fallback.reason
+    # A GPU keeps the trainer's precision (today's behaviour); explicit choices are taken as given.
+    assert resolve_render_precision("auto", torch.device("cuda")).dtype == torch.float32
+    assert resolve_render_precision("fp32", cpu).dtype == torch.float32
+    assert resolve_render_precision("bf16", cpu).dtype == torch.bfloat16
+
+
+def test_fp32_renders_with_the_network_itself_and_says_so(capsys):
+    net = _net("pola_gnt")
+    fp32 = resolve_render_precision("fp32", torch.device("cpu"))
+    assert render_network(net, fp32) is net  # training's forward: today's outputs bit for bit
+    assert "render precision: fp32 (render.precision=fp32)" in capsys.readouterr().out
+    bf16 = render_network(net, resolve_render_precision("bf16", torch.device("cpu")))
+    assert isinstance(bf16, FastRenderNetwork) and bf16.dtype == torch.bfloat16
+    # GNT's converted checkpoints (model.net.compat=gnt) keep GNT's exact forward.
+    compat = copy.deepcopy(net)
+    compat.gnt_compatible = True
+    assert render_network(compat, resolve_render_precision("bf16", torch.device("cpu"))) is compat
+
+
+def test_a_misspelt_precision_is_one_error_line():
+    with pytest.raises(UserError, match="render.precision"):
+        read_run_settings(compose_config("render.precision=bf17"))
+    assert read_run_settings(compose_config()).render.precision == "auto"
+
+
+# --------------------------------------------------------------------------------------------------
+# The fast network: the same function as the GNT
+
+
+def _net(kind: str, seed: int = 0, **overrides) -> GNT:
+    """The quick preset's network of `kind` with random weights; the zero-initialised read-out layers
+    perturbed so that the learned colour and scores matter."""
+    settings = read_run_settings(compose_config(f"model={kind}", "experiment=quick", "trainer=cpu")).model.net
+    torch.manual_seed(seed)
+    net = GNT(replace(settings, **overrides)).eval()
+    with torch.no_grad():
+        for parameter in net.readout.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    return net
+
+
+def _rig(net: GNT, height: int = 40, width: int = 48, views: int = 4):
+    """Source views around a target camera; the rays of the target cover the whole image, so some
+    samples fall outside some views (and some outside every view) near the borders."""
+    generator = torch.Generator().manual_seed(1)
+    intrinsics = torch.tensor([[0.8 * width, 0.0, width / 2], [0.0, 0.8 * width, height / 2], [0.0, 0.0, 1.0]])
+    c2w = torch.eye(4).repeat(views, 1, 1)
+    c2w[:, :2, 3] = (torch.rand(views, 2, generator=generator) - 0.5) * 1.2
+    images = torch.rand(views, 3, height, width, generator=generator)
+    with torch.no_grad():
+        sources = net.source_views(images, c2w, intrinsics.expand(views, 3, 3).clone())
+    rays = pixel_rays(torch.eye(4), intrinsics, pixel_grid(height, width))
+    return sources, rays, sample_depths(1.0, 12.0, len(rays), 24, jitter=False)
+
+
+@pytest.mark.parametrize("kind", ["pola_gnt", "gnt"])
+@pytest.mark.parametrize("readout", [True, False])
+def test_the_moved_computations_equal_the_network_in_fp32(kind, readout):
+    """Projected feature maps, the colour term per sample, the direction code per ray and the split
+    fusion layer: each the same function as the GNT's forward, to 1e-5 (rounding only)."""
+    extra = {} if readout else {"readout_consistency_prior": 0.0, "readout_source_colour": False}
+    net = _net(kind, **extra)
+    sources, rays, depths = _rig(net)
+    with torch.inference_mode():
+        expected = net(rays, depths, sources)
+        got = FastRenderNetwork(net, torch.float32)(rays, depths, sources)
+    assert not expected.seen.all() and expected.seen.any()  # samples outside every view are part of the case
+    for name in ("rgb", "depth", "weights"):
+        torch.testing.assert_close(getattr(got, name), getattr(expected, name), rtol=1e-5, atol=1e-5, msg=name)
+    assert torch.equal(got.seen, expected.seen)
+
+
+def test_the_projection_of_the_feature_maps_commutes_with_the_bilinear_read():
+    """The first move on its own: reading `W_f F` equals `W_f` times the read of `F`, border pixels and
+    points half a pixel outside included (border padding)."""
+    generator = torch.Generator().manual_seed(2)
+    features = torch.randn(2, 8, 5, 7, generator=generator, dtype=torch.float64)
+    weight = torch.randn(6, 8, generator=generator, dtype=torch.float64)
+    grid = torch.rand(2, 50, 2, generator=generator, dtype=torch.float64) * 2.4 - 1.2  # beyond the edges too
+    read = inference._bilinear_channels(features, grid, "border")  # [2, 8, 50]
+    projected = inference._bilinear_channels(torch.einsum("wc,vchx->vwhx", weight, features), grid, "border")
+    torch.testing.assert_close(projected, torch.einsum("wc,vcp->vwp", weight, read), rtol=1e-12, atol=1e-12)
+
+
+@pytest.fixture(params=["fused", "pytorch"])
+def kernel_forms(request, monkeypatch):
+    """bf16 through the fused C++ kernels and, as where they cannot be built, through the PyTorch forms."""
+    if request.param == "pytorch":
+        monkeypatch.setattr(cpu_kernels, "usable", lambda *args, **kwargs: False)
+    return request.param
+
+
+@pytest.mark.parametrize("kind", ["pola_gnt", "gnt"])
+def test_bf16_rendering_is_close_to_the_network_and_finite(kind, kernel_forms):
+    """bf16 weights and activations; fp32 feature maps, norms, softmax and read-out; fp32 outputs.
+    Against the network's fp32 forward (itself within 1e-6 of exact arithmetic, see the fp64 tests of
+    every op): colours within 0.03 at 99% of the rays, 0.1 at the worst and 0.005 on average (bf16 keeps
+    8 bits, 0.4% per rounding, and these random weights are rougher than trained ones: on fern the
+    trained models' bf16 and fp32 PSNR agree to 0.01 dB), depths within 1% of the depth range on average."""
+    net = _net(kind)
+    sources, rays, depths = _rig(net)
+    with torch.inference_mode():
+        expected = net(rays, depths, sources)
+        got = FastRenderNetwork(net, torch.bfloat16)(rays, depths, sources)
+    assert got.rgb.dtype == got.depth.dtype == torch.float32
+    assert torch.isfinite(got.rgb).all() and torch.isfinite(got.depth).all()
+    error = (got.rgb - expected.rgb).abs()
+    worst, typical = error.max().item(), error.quantile(0.99).item()
+    assert worst < 0.1 and typical < 0.03 and error.mean() < 0.005, (worst, typical, error.mean())
+    depth_error = (got.depth - expected.depth).abs() / (depths.max() - depths.min())
+    assert depth_error.mean() < 0.01, depth_error.mean()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_an_image_renders_the_same_pixels_in_any_chunks(precision):
+    """Why `render.chunk_rays` is the machine's choice (`runs.config.stored.COMMAND_SECTIONS`), not the
+    checkpoint's: the rays per pass change no pixel, in either precision."""
+    net = _net("gnt")
+    sources, _, _ = _rig(net)
+    network = render_network(net, resolve_render_precision(precision, torch.device("cpu")))
+    intrinsics, sampler = sources.intrinsics[0], DepthSampler(16)
+    images = [
+        render_image(network, torch.eye(4), intrinsics, 40, 48, sources, (1.0, 12.0), sampler, chunk)
+        for chunk in (100, 1200)
+    ]
+    assert torch.equal(images[0].rgb, images[1].rgb) and torch.equal(images[0].depth, images[1].depth)
+
+
+# --------------------------------------------------------------------------------------------------
+# The bf16 forms of the fused CPU kernels
+
+
+def _bf16_and_rounded(*tensors: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The inputs in bf16, and the same values in fp64 for the reference (so that only the kernels'
+    own arithmetic and the bf16 output are measured)."""
+    low = [x.bfloat16() for x in tensors]
+    return low, [x.double() for x in low]
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0])  # 30: exponents beyond the clamp
+def test_the_bf16_view_kernel_against_the_fp64_reference(scale):
+    """bf16 q, k, v in, fp32 temperatures, exponentials in fp32, bf16 out: within bf16's rounding of the
+    output (2^-8 relative) of the reference on the same inputs."""
+    generator = torch.Generator().manual_seed(3)
+    points, views, heads, d = 300, 4, 4, 8
+    q = torch.randn(points, heads, d, generator=generator) * scale
+    kv = torch.randn(points, views, 2 * heads * d, generator=generator) * scale
+    k, v = kv[..., : heads * d].unflatten(-1, (heads, d)), kv[..., heads * d :].unflatten(-1, (heads, d))
+    ts, to = (torch.rand(heads, 2 * d, generator=generator) * 0.9 + 0.1 for _ in range(2))
+    mask = torch.rand(points, views, generator=generator) > 0.3
+    (q16, k16, v16), (q64, k64, v64) = _bf16_and_rounded(q, k, v)
+    with torch.inference_mode():
+        got = polarity_view_attention(q16, k16, v16, ts, to, mask)
+    expected = polarity_attention_reference(
+        q64.unsqueeze(-2),
+        k64.transpose(-2, -3),
+        v64.transpose(-2, -3),
+        ts.double().unsqueeze(-2),
+        to.double().unsqueeze(-2),
+        mask.unsqueeze(-2).expand(-1, heads, -1),
+    ).squeeze(-2)
+    assert got.dtype == torch.bfloat16 and torch.isfinite(got.float()).all()
+    torch.testing.assert_close(got.double(), expected, rtol=2**-7, atol=1e-3 * max(expected.abs().max().item(), 1.0))
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0])
+def test_the_bf16_ray_kernel_and_lepe_against_fp64(scale):
+    generator = torch.Generator().manual_seed(4)
+    rays, samples, heads, d = 6, 32, 4, 8
+    qkv = torch.randn(rays, samples, 3 * heads * d, generator=generator) * scale
+    q, k, v = qkv.chunk(3, dim=-1)
+    ts, to = (torch.rand(heads, 2 * d, generator=generator) * 0.9 + 0.1 for _ in range(2))
+    mask = torch.rand(rays, samples, generator=generator) > 0.2
+    (q16, k16, v16), (q64, k64, v64) = _bf16_and_rounded(q, k, v)
+    with torch.inference_mode():
+        got = polarity_ray_attention(q16, k16, v16, ts, to, mask, heads)
+
+    def split(x):
+        return x.unflatten(-1, (heads, -1)).transpose(-2, -3)
+
+    expected = (
+        polarity_attention_reference(
+            split(q64),
+            split(k64),
+            split(v64),
+            ts.double().unsqueeze(-2),
+            to.double().unsqueeze(-2),
+            mask.unsqueeze(-2).expand(-1, heads, -1),
+        )
+        .transpose(-2, -3)
+        .flatten(-2)
+    )
+    assert got.dtype == torch.bfloat16 and torch.isfinite(got.float()).all()
+    torch.testing.assert_close(got.double(), expected, rtol=2**-7, atol=1e-3 * max(expected.abs().max().item(), 1.0))
+
+    # The LePE's depthwise convolution: bf16 values and residual, fp32 weights, sums in fp32.
+    weight, bias = torch.randn(5, heads * d, generator=generator), torch.randn(heads * d, generator=generator)
+    visible = mask.to(torch.bfloat16)
+    with torch.inference_mode():
+        conv = cpu_kernels.samples_conv(v16, weight, bias, visible, got)
+    masked = v64 * mask[..., None]
+    padded = torch.nn.functional.pad(masked, (0, 0, 2, 2))
+    expected_conv = (
+        got.double() + bias.double() + sum(padded[:, t : t + samples] * weight[t].double() for t in range(5))
+    )
+    assert conv.dtype == torch.bfloat16
+    torch.testing.assert_close(conv.double(), expected_conv, rtol=2**-7, atol=1e-2)
+
+
+def test_the_bf16_kernels_take_no_gradients():
+    """Training stays fp32/fp64: with autograd on, bf16 inputs take the PyTorch forms (in fp32)."""
+    assert cpu_kernels.available()
+    x = torch.zeros(2, 4, 8, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert cpu_kernels.usable(x, 8, views=4)
+    assert not cpu_kernels.usable(x, 8, views=4)
