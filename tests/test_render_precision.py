@@ -63,6 +63,7 @@ def test_auto_picks_bf16_where_the_cpu_has_it_and_fp32_elsewhere(tmp_path, monke
 
 def test_fp32_renders_with_the_network_itself_and_says_so(capsys):
     net = _net("pola_gnt")
+    inference._announce.cache_clear()  # the line is printed once per process
     fp32 = resolve_render_precision("fp32", torch.device("cpu"))
     assert render_network(net, fp32) is net  # training's forward: today's outputs bit for bit
     assert "render precision: fp32 (render.precision=fp32)" in capsys.readouterr().out
@@ -72,6 +73,7 @@ def test_fp32_renders_with_the_network_itself_and_says_so(capsys):
     compat = copy.deepcopy(net)
     compat.gnt_compatible = True
     assert render_network(compat, resolve_render_precision("bf16", torch.device("cpu"))) is compat
+    assert "render precision: fp32 (model.net.compat=gnt renders with GNT's exact forward)" in capsys.readouterr().out
 
 
 def test_a_misspelt_precision_is_one_error_line():

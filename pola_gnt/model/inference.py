@@ -96,23 +96,31 @@ def resolve_render_precision(setting: str, device: torch.device) -> RenderPrecis
     return RenderPrecision(torch.bfloat16, f"auto: the CPU reports {feature}")
 
 
+def effective_precision(net: GNT, precision: RenderPrecision) -> RenderPrecision:
+    """`precision` as `net` can render it: GNT's converted checkpoints (`model.net.compat=gnt`) keep
+    GNT's exact forward in fp32, which the fast network does not reproduce."""
+    if precision.dtype != torch.float32 and net.gnt_compatible:
+        return RenderPrecision(torch.float32, "model.net.compat=gnt renders with GNT's exact forward")
+    return precision
+
+
 @functools.cache
 def _announce(line: str) -> None:
     print(line, flush=True)
 
 
+def announce_render_precision(net: GNT, precision: RenderPrecision) -> None:
+    """Print the one line that says which precision renders and why (once per process and choice)."""
+    chosen = effective_precision(net, precision)
+    _announce(f"render precision: {chosen.name} ({chosen.reason})")
+
+
 def render_network(net: GNT, precision: RenderPrecision) -> GNT | FastRenderNetwork:
-    """The network that renders images at `precision`, printing which (once per process and choice).
-    The GNT itself for fp32 and for GNT's converted checkpoints (`model.net.compat=gnt`, GNT's exact
-    forward, which the fast network does not reproduce)."""
-    if precision.dtype == torch.float32:
-        _announce(f"render precision: fp32 ({precision.reason})")
-        return net
-    if net.gnt_compatible:
-        _announce("render precision: fp32 (model.net.compat=gnt renders with GNT's exact forward)")
-        return net
-    _announce(f"render precision: bf16 ({precision.reason})")
-    return FastRenderNetwork(net, precision.dtype)
+    """The network that renders images at `precision` (saying which, `announce_render_precision`): the
+    GNT itself for fp32, else a `FastRenderNetwork` made from its weights as they are now."""
+    announce_render_precision(net, precision)
+    chosen = effective_precision(net, precision)
+    return net if chosen.dtype == torch.float32 else FastRenderNetwork(net, chosen.dtype)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -27,7 +27,12 @@ from pola_gnt.evaluation.scoring import (
     write_results,
 )
 from pola_gnt.model.gnt import GNT, RayOutput, SourceViews
-from pola_gnt.model.inference import FastRenderNetwork, render_network, resolve_render_precision
+from pola_gnt.model.inference import (
+    FastRenderNetwork,
+    announce_render_precision,
+    render_network,
+    resolve_render_precision,
+)
 from pola_gnt.model.renderer import render_image
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.budget import budget_document, timer_seconds_in_checkpoint, training_document
@@ -39,7 +44,7 @@ from pola_gnt.runs.checkpoints import (
 )
 from pola_gnt.runs.config.read import read_run_settings
 from pola_gnt.runs.config.stored import InitialWeights, completed_run_config
-from pola_gnt.runs.settings import RunSettings
+from pola_gnt.runs.settings import CUDA_ACCELERATORS, RunSettings
 
 
 class GNTSystem(pl.LightningModule):
@@ -92,8 +97,11 @@ class GNTSystem(pl.LightningModule):
         checkpoint[TRAINING_RECORD] = {"training_scenes": self.training_scenes, "init_from": self.init_from}
 
     def prepare_test(self, scene: Scene, output_dir: Path) -> None:
-        """The scene whose held-out views the test phase renders, and the folder it writes into."""
+        """The scene whose held-out views the test phase renders, and the folder it writes into; says
+        in which precision it will render them (before the test's progress bar starts)."""
         self.scene, self.output_dir = scene, output_dir
+        device = torch.device("cuda" if self.settings.trainer.accelerator in CUDA_ACCELERATORS else "cpu")
+        announce_render_precision(self.net, resolve_render_precision(self.settings.render.precision, device))
 
     # ---- training --------------------------------------------------------------------------
 
