@@ -1,9 +1,10 @@
 """`python -m pola_gnt.view ckpt_path=CKPT [scene=NAME] [view.host=127.0.0.1] [view.port=8080]`
 
 A web viewer of a checkpoint's scene (trained, `pretrained:NAME` or converted; `scene=` picks the
-source views' scene, default the checkpoint's): open the printed URL. Moving the camera renders a
-low-resolution preview within about a second on a CPU, refined to full resolution while the camera
-stays still; colour or depth; the training cameras drawn as frusta, the nearest source views listed;
+source views' scene, default the checkpoint's): open the printed URL. The opening view renders as
+soon as the page connects; moving the camera renders a low-resolution preview within about a second
+on a CPU, refined to full resolution while the camera stays still (the page shows the full image's
+progress); colour or depth; the training cameras drawn as frusta, the nearest source views listed;
 keyframes recorded into a camera path saved as camera_path.json (`render_video video.path=FILE`)
 or rendered to mp4s from the page. Served on 127.0.0.1 by default: from another machine, forward
 the port over ssh (the line is printed). Ctrl-C stops it.

@@ -1,11 +1,13 @@
-"""Open the viewer in headless Chromium, move its camera as a user does (a mouse drag on the page),
-time the move to the first image and to the full-resolution image, and screenshot the page in RGB
-and in depth.
+"""Open the viewer in headless Chromium, time the page's opening to its first image and to the
+full-resolution image with no user action, then move its camera as a user does (a mouse drag on the
+page), time the move to the first image and to the full-resolution image, and screenshot the page
+in RGB and in depth.
 
     python scripts/viewer_screenshots.py ckpt_path=CKPT [scene=NAME ...] --out DIR [--chromium PATH]
 
-Writes DIR/viewer_open.png (the page as it opens), DIR/viewer_rgb.png and DIR/viewer_depth.png
-(after the move) and DIR/viewer_timings.json. The browser is driven over the DevTools protocol (a
+Writes DIR/viewer_first.png (the first image, no drag), DIR/viewer_open.png (the opening camera's
+full-resolution image), DIR/viewer_rgb.png and DIR/viewer_depth.png (after the move) and
+DIR/viewer_timings.json. The browser is driven over the DevTools protocol (a
 websocket; `websockets` comes with viser), so nothing beyond Chromium from the OS packages is
 needed; `tests/test_viewer.py` uses the same `HeadlessChromium`.
 """
@@ -123,9 +125,11 @@ class HeadlessChromium:
             grown = bool(children)
         return sum(times.get(pid, 0.0) for pid in tree)
 
+    def screenshot_png(self) -> bytes:
+        return base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
+
     def screenshot(self, path: Path) -> None:
-        data = self.call("Page.captureScreenshot", format="png")["data"]
-        path.write_bytes(base64.b64decode(data))
+        path.write_bytes(self.screenshot_png())
 
     def close(self) -> None:
         try:
@@ -143,6 +147,17 @@ class HeadlessChromium:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def shows_an_image(png: bytes) -> bool:
+    """Whether a screenshot of the page shows a rendered image: the page's own background, left of
+    the control panel and below viser's notices, is flat grey until then."""
+    import imageio.v3 as iio
+    import numpy as np
+
+    pixels = np.asarray(iio.imread(png), dtype=np.float32)
+    height, width = pixels.shape[:2]
+    return float(pixels[height // 4 : 3 * height // 4, width // 20 : width // 2, :3].std()) > 10.0
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -183,8 +198,26 @@ def main() -> None:
             browser.open(app.url)
             wait_until(lambda: bool(app.clients), args.timeout, "page connected")
             view = next(iter(app.clients.values()))
-            wait_until(lambda: "full" in view.timings, args.timeout, "first full-resolution image")
-            timings["page_open_to_full_s"] = round(time.perf_counter() - opened, 2)
+            # No drag, no click: the viewer renders the opening camera by itself.
+            wait_until(lambda: view.images_shown > 0, args.timeout, "first image without a camera move")
+            timings["page_open_to_first_image_s"] = round(time.perf_counter() - opened, 2)  # sent to the page
+            timings["connect_to_first_image_s"] = round(view.first_image_s or 0.0, 2)  # the server's count
+            # Until the page shows it: the browser paints in software here, on the renderer's cores.
+            first = b""
+
+            def painted() -> bool:
+                nonlocal first
+                first = browser.screenshot_png()
+                return shows_an_image(first)
+
+            wait_until(painted, args.timeout, "first image on the page")
+            timings["page_open_to_first_image_shown_s"] = round(time.perf_counter() - opened, 2)
+            (args.out / "viewer_first.png").write_bytes(first)
+            wait_until(lambda: view.last_shown == (view.generation, "full"), args.timeout, "first full-size image")
+            # When the server sent it (the screenshots above may have taken longer than the render).
+            timings["page_open_to_full_s"] = round(view.moved_at + view.timings["full"] - opened, 2)
+            timings["open_progress"] = view.progress.content
+            timings["renders_started_before_drag"] = view.generation  # 1: the opening camera, never restarted
             time.sleep(2.0)  # the browser paints the image it was sent
             browser.screenshot(args.out / "viewer_open.png")  # the first training camera's view
             # A user's drag on the page orbits the camera: the move that is timed.
@@ -203,6 +236,7 @@ def main() -> None:
             timings["release_to_full_s"] = round(time.perf_counter() - released, 2)
             timings["server_timings_s"] = {level: round(seconds, 2) for level, seconds in view.timings.items()}
             timings["full_status"], timings["errors"] = view.status.content, view.errors
+            timings["full_progress"] = view.progress.content
             # Chromium draws WebGL in software here (SwiftShader) on the same cores as the renderer.
             timings["browser_cpu_s_during_move"] = round(browser.cpu_seconds() - browser_cpu, 1)
             time.sleep(2.0)  # the browser paints the image it was sent

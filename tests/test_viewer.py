@@ -1,11 +1,13 @@
 """The web viewer (`runs/viewer.py`, `python -m pola_gnt.view`): the server starts on a free port and
 serves the page, a render request returns the renderer's image for that camera (preview, then full
-size), a render error is shown and leaves the server answering, and a real browser shows it (where
-Chromium is installed)."""
+size), the opening camera is rendered with no move and the page follows the full image to done, a
+render error is shown and leaves the server answering, and a real browser shows it (where Chromium
+is installed)."""
 
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
 import urllib.request
@@ -20,6 +22,7 @@ from helpers import compose_config, load_script
 from pola_gnt.data.blender import load_blender_scene
 from pola_gnt.geometry.camera_paths import focus_depth
 from pola_gnt.model.renderer import render_image
+from pola_gnt.runs import viewer as viewer_module
 from pola_gnt.runs.camera_path_file import read_camera_path
 from pola_gnt.runs.config.stored import trained_run_config
 from pola_gnt.runs.video import frame_source_views, scene_fov
@@ -133,6 +136,49 @@ def test_a_render_request_returns_the_renderers_image(app):
         view.close()
 
 
+def test_the_opening_camera_renders_with_no_move_and_the_page_follows_the_full_image(app, monkeypatch):
+    """The camera the server opens a tab at is rendered at once; the browser's reports of it (and one
+    sent before the browser applied it) start nothing; the progress line counts the full image's
+    chunks up to done."""
+    scene = app.renderer.scene
+    height, width = scene.resolution
+    opening, other = (scene.cameras.c2w[scene.train_ids[i]] for i in (0, 4))
+    client = FakeClient(app, FakeCamera(opening, scene_fov(scene), width / height))
+    view = ClientView(app, client)
+    monkeypatch.setattr(app.renderer, "chunk_rays", 700)  # 63 x 47 = 2961 rays: 5 chunks
+    monkeypatch.setattr(viewer_module, "PROGRESS_INTERVAL_S", 0.0)
+    shown: list[tuple[str, float]] = []
+    show_progress = view._show_progress
+
+    def recorded(text: str, percent: float) -> None:
+        shown.append((text, percent))
+        show_progress(text, percent)
+
+    monkeypatch.setattr(view, "_show_progress", recorded)
+    try:
+        view.open_at(view.current_camera())
+        wait_for(lambda: view.last_shown == (1, "full"))
+        assert view.first_image_s is not None and set(view.timings) == {"preview", "full"} and not view.errors
+        texts = [text for text, _ in shown]
+        full = f"full image {width}x{height}"
+        assert texts[0] == f"{full}: 0%"
+        assert [text.split(" (")[0] for text in texts[1:-1]] == [f"{full}: {p}%" for p in (24, 47, 71, 95)]
+        assert re.fullmatch(rf"{full}: done in \d+\.\d s", texts[-1]) and shown[-1][1] == 100.0
+        assert view.progress.content == texts[-1] and view.progress_bar.value == 100.0
+        # A report sent before the browser applied the opening camera, then its echo: no render.
+        client.camera = FakeCamera(other, 75.0, width / height)
+        view.client_camera_changed()
+        client.camera = FakeCamera(opening, scene_fov(scene), width / height)
+        view.client_camera_changed()
+        assert view.generation == 1 and view.opening is None
+        # A move after that renders.
+        client.camera = FakeCamera(other, scene_fov(scene), width / height)
+        view.client_camera_changed()
+        wait_for(lambda: view.last_shown == (2, "full"))
+    finally:
+        view.close()
+
+
 def test_the_orbit_pivots_where_the_training_cameras_look(app, shared_dir):
     lego = load_blender_scene(shared_dir / "data" / "nerf_synthetic" / "lego", factor=8, test_views=2)
     c2w = lego.cameras.c2w[lego.train_ids[0]]
@@ -216,10 +262,14 @@ def test_a_browser_shows_the_rendered_scene_and_a_drag_moves_the_camera(app, tmp
         browser.open(app.url)
         wait_for(lambda: set(app.clients) - before)
         view = app.clients[next(iter(set(app.clients) - before))]
+        # No drag yet: the opening camera is rendered by itself, and the page says when it is done.
         wait_for(lambda: view.last_shown is not None and view.last_shown[1] == "full")
-        start = view.current_camera().c2w
+        assert view.first_image_s is not None and re.search(r"done in [\d.]+ s", view.progress.content)
         scene = app.renderer.scene
-        assert torch.allclose(start, scene.cameras.c2w[scene.train_ids[0]], atol=1e-4)  # the page opens there
+        opening = scene.cameras.c2w[scene.train_ids[0]]
+        # The page opens there: the browser reports the camera it was set to (perhaps after the image).
+        wait_for(lambda: torch.allclose(view.current_camera().c2w, opening, atol=1e-4), timeout=30)
+        start = view.current_camera().c2w
         browser.drag((400, 300), (460, 320))
         wait_for(lambda: view.last_shown == (view.generation, "full") and view.generation > 1)
         assert not torch.allclose(view.current_camera().c2w, start, atol=1e-4)  # the drag orbited the camera

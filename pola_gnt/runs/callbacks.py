@@ -1,16 +1,19 @@
 """The Lightning callbacks and loggers of a training run: `last.ckpt` kept current (and written on a
-stop), and CSV logs that append across resumes. (Stops and divergence: `runs.guards`.)"""
+stop), CSV logs that append across resumes, and a progress bar that counts a time budget. (Stops and
+divergence: `runs.guards`.)"""
 
 from __future__ import annotations
 
 import csv
 import io
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import Callback, Timer
+from pytorch_lightning.callbacks import Callback, Timer, TQDMProgressBar
+from pytorch_lightning.callbacks.progress.tqdm_progress import Tqdm
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 
@@ -152,3 +155,105 @@ class AppendingCSVLogger(CSVLogger):
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = AppendingCSVWriter(self.log_dir, self.resume_step)
         return self._experiment
+
+
+def clock(seconds: float) -> str:
+    """`54.7 -> "0:54"`, `120 -> "2:00"`, `3723 -> "1:02:03"` (whole seconds, rounded down)."""
+    minutes, secs = divmod(int(max(seconds, 0.0)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def budget_text(elapsed: float, budget: float, steps: int) -> str:
+    """The training bar's reading under a time budget: training time against the budget (the fit
+    timer's, as `trainer.max_time` counts it), the time left and the steps done, e.g.
+    `"0:54 / 2:00, 1:06 left, step 312 (5.78/s)"`."""
+    rate = f" ({steps / elapsed:.3g}/s)" if elapsed > 0 and steps else ""
+    return f"{clock(elapsed)} / {clock(budget)}, {clock(budget - min(elapsed, budget))} left, step {steps}{rate}"
+
+
+class BudgetTqdm(Tqdm):
+    """Lightning's tqdm bar with one more field for its `bar_format`: `{budget}` (`budget_text`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self.budget = ""  # before tqdm's __init__, which may draw the bar
+        super().__init__(*args, **kwargs)
+
+    @property
+    def format_dict(self) -> dict[str, Any]:
+        return {**super().format_dict, "budget": self.budget}
+
+
+class TrainingProgressBar(TQDMProgressBar):
+    """Lightning's tqdm bar, but under a time budget (`trainer.max_time`) the training bar fills with
+    training time, not steps: Lightning's counts batches against `max_steps` (a run of `max_steps=
+    1000000` and 2 minutes read "Epoch 0/-2 ... 4 days, 12:15:22" left). It shows the fit `timer`'s
+    time against `max_time` (seconds), the time left, the steps done and the logged metrics:
+    `Training:  45%|████▌     | 0:54 / 2:00, 1:06 left, step 312 (5.78/s), train/psnr=18.40`.
+    Without a time budget it is Lightning's bar, steps against `max_steps`. (Lightning's Rich bar,
+    its default where `rich` is installed, has the same flaw; tqdm comes with the core install.)"""
+
+    BUDGET_FORMAT = "{desc}{percentage:3.0f}%|{bar}| {budget}{postfix}"  # tqdm's {desc} ends in ": "
+
+    def __init__(self, timer: Timer, max_time: float | None):
+        super().__init__()
+        self.timer, self.max_time = timer, max_time
+
+    def init_train_tqdm(self) -> Tqdm:
+        if self.max_time is None:
+            return super().init_train_tqdm()
+        return BudgetTqdm(
+            desc=f"{self.train_description}: ",  # as set_description writes it
+            position=2 * self.process_position,
+            disable=self.is_disabled,
+            leave=True,
+            dynamic_ncols=True,
+            file=sys.stdout,
+            bar_format=self.BUDGET_FORMAT,
+        )
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:
+        super().on_train_epoch_start(trainer)
+        # The whole run is one epoch: Lightning's "Epoch 0" says nothing.
+        self.train_progress_bar.set_description(self.train_description, refresh=self.max_time is None)
+        if self.max_time is not None:
+            self.train_progress_bar.total = self.max_time
+            self.show_budget(trainer)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.max_time is None:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        elif self.is_enabled and (batch_idx + 1) % self.refresh_rate == 0:
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
+            self.show_budget(trainer)
+
+    def on_train_end(self, *args: Any) -> None:
+        if self.max_time is not None:
+            self.show_budget(self.trainer)  # the final time, whatever the refresh rate skipped
+        super().on_train_end(*args)
+
+    def on_test_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+        # The run's score table is printed as testing ends, before Lightning closes this bar: end the
+        # bar's line first, or the table's first line runs on after it.
+        if batch_idx + 1 == self.test_progress_bar.total:
+            self.test_progress_bar.close()
+
+    def show_budget(self, trainer: pl.Trainer) -> None:
+        bar = self.train_progress_bar
+        if self.max_time is None or bar.disable or not isinstance(bar, BudgetTqdm):
+            return
+        elapsed = self.timer.time_elapsed("train")
+        bar.budget = budget_text(elapsed, self.max_time, trainer.global_step)
+        bar.n = min(elapsed, self.max_time)
+        bar.refresh()

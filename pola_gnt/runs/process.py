@@ -17,14 +17,19 @@ about as much as the arithmetic: filling a fresh 8 MB tensor took ~6 ms here aga
 reused one. Raising the threshold to glibc's maximum (32 MiB) and keeping freed memory in the heap
 (no trimming) lets the next pass reuse the same pages. Tensors above 32 MiB are still mapped and
 returned as before, so peak memory is unchanged; the heap simply keeps its high-water mark.
+
+Library noise. Messages a user cannot act on are filtered here, each by its exact text and origin, so
+that what a command prints on stderr is ours or worth reading (`quiet_library_noise`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import os
 import sys
+import warnings
 
 # mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -74,7 +79,40 @@ def configure_cpu_allocator() -> bool:
     return _configured
 
 
+class DropMessage(logging.Filter):
+    """Drops a logger's records whose message starts with `prefix`."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
+# Lightning's `rank_zero_info` logger (its advertisement below is logged there, on every trainer).
+LIGHTNING_INFO_LOGGER = "pytorch_lightning.utilities.rank_zero"
+LITLOGGER_TIP = "💡 Tip: For seamless cloud logging and experiment tracking"
+
+
+def quiet_library_noise() -> None:
+    """Filter the libraries' messages a user cannot act on (each exact). Idempotent."""
+    # Lightning's own flattening of dataloaders (CombinedLoader, utilities/_pytree.py) builds torch's
+    # `LeafSpec()`, deprecated in torch 2.14: printed by every trainer, fixed only in Lightning.
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        category=FutureWarning,
+        module=r"pytorch_lightning\.utilities\._pytree",
+    )
+    # An advertisement for Lightning's cloud logger, printed by every trainer without one.
+    logger = logging.getLogger(LIGHTNING_INFO_LOGGER)
+    if not any(isinstance(f, DropMessage) and f.prefix == LITLOGGER_TIP for f in logger.filters):
+        logger.addFilter(DropMessage(LITLOGGER_TIP))
+
+
 def prepare_process() -> None:
     """Every command's process-wide settings: called by an entry point before torch is imported."""
     set_openmp_wait_policy()
     configure_cpu_allocator()
+    quiet_library_noise()

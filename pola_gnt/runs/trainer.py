@@ -1,5 +1,6 @@
 """The Lightning `Trainer` of a training run, built from its settings: the guard against stops and
-divergence, the time budget, the best and the last checkpoint, the loggers, safe checkpoint writes."""
+divergence, the time budget (and a progress bar that counts it), the best and the last checkpoint,
+the loggers, safe checkpoint writes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import LearningRateMonitor, ModelCheckpoint, Timer
 from pytorch_lightning.loggers import TensorBoardLogger
 
-from pola_gnt.runs.callbacks import AppendingCSVLogger, BudgetCheckpoints, LastCheckpoint
+from pola_gnt.runs.callbacks import AppendingCSVLogger, BudgetCheckpoints, LastCheckpoint, TrainingProgressBar
 from pola_gnt.runs.checkpoints import CHECKPOINT_DIR
 from pola_gnt.runs.guards import StopSignals, TrainingGuard
 from pola_gnt.runs.run_folder import SafeCheckpointIO
@@ -47,6 +48,7 @@ def build_trainer(
         ),
         last,
         LearningRateMonitor(logging_interval="step"),
+        TrainingProgressBar(timer, settings.max_time),
     ]
     if settings.checkpoint_minutes:
         callbacks.append(BudgetCheckpoints(checkpoint_dir, settings.checkpoint_minutes, timer))

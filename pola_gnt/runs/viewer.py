@@ -3,7 +3,9 @@
 Each browser tab (a viser client) has a render loop in a thread of its own: a camera move cancels
 the render in progress (checked between ray chunks), renders a preview of at most
 `view.preview_rays` rays (about a second on a CPU), sharper ones, then the full-resolution image
-while the camera stays still (`refinement_levels`). Frames are rendered exactly as `render_video`
+while the camera stays still (`refinement_levels`). A tab's opening camera is rendered as soon as it
+connects, with no move needed; the page shows how far the full-resolution image has got (per ray
+chunk) and, when done, how long it took. Frames are rendered exactly as `render_video`
 renders them (the nearest training views, each encoded once; the same rays and chunks), in colour
 or as depth with the video's colour map. The page also shows the training cameras as frusta and
 lists the current camera's nearest source views; it records keyframes into a camera path
@@ -43,8 +45,7 @@ from pola_gnt.data.scene import Scene
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.geometry.camera_paths import focus_depth, fov_intrinsics, interpolate_path
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
-from pola_gnt.model.gnt import GNT
-from pola_gnt.model.renderer import RenderedImage, render_rays
+from pola_gnt.model.renderer import RenderedImage, RenderNetwork, render_rays
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.camera_path_file import CameraPath, camera_path_document, write_camera_path
 from pola_gnt.runs.config.stored import TrainedRunConfig
@@ -56,6 +57,13 @@ from pola_gnt.runs.video import EncodedViews, frame_images, frame_source_views, 
 log = logging.getLogger(__name__)
 MODES = ("RGB", "Depth")
 PATH_FILE = "camera_path.json"
+# The full image's progress is sent to the page at most this often: on a GPU the chunks come faster
+# than a browser needs to hear of them.
+PROGRESS_INTERVAL_S = 0.1
+# How long a tab's camera reports are taken for ones sent before the browser applied the opening
+# camera the server set (it answers within a fraction of a second): a stale report would restart the
+# opening render at viser's default camera.
+OPENING_ECHO_WAIT_S = 5.0
 # Frustum lines 1.5 px wide on screen: viser's default, 0.02 scene units, is wider than a frustum in a
 # normalised LLFF scene and, seen from a training camera, its neighbours' lines cover the image.
 FRUSTUM_LINES: dict[str, Any] = {"thickness": 1.5, "thickness_units": "screen"}
@@ -78,13 +86,22 @@ class ViewCamera:
         scale = math.sqrt(rays / (self.height * self.width))
         return ViewCamera(self.c2w, self.fov, max(1, int(self.height * scale)), max(1, int(self.width * scale)))
 
+    def same_pose(self, other: ViewCamera) -> bool:
+        """The same pose and field of view: a browser echoes the camera the server set with float
+        rounding (1e-7 here)."""
+        return abs(self.fov - other.fov) < 1e-3 and torch.allclose(self.c2w, other.c2w, atol=1e-5)
+
+    def same_view(self, other: ViewCamera) -> bool:
+        """The same image."""
+        return (self.height, self.width) == (other.height, other.width) and self.same_pose(other)
+
 
 class ViewRenderer:
     """Renders any camera of the scene as `render_video` renders a frame, cancellable between chunks."""
 
     def __init__(
         self,
-        net: GNT,
+        net: RenderNetwork,
         scene: Scene,
         sampler: DepthSampler,
         num_source_views: int,
@@ -101,8 +118,14 @@ class ViewRenderer:
     def nearest_views(self, c2w: Tensor) -> list[int]:
         return frame_source_views(self.scene, c2w, self.num_source_views)
 
-    def render(self, camera: ViewCamera, cancelled: Callable[[], bool] = lambda: False) -> RenderedImage | None:
-        """The camera's colour and depth; None when `cancelled()` turns true between two chunks."""
+    def render(
+        self,
+        camera: ViewCamera,
+        cancelled: Callable[[], bool] = lambda: False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> RenderedImage | None:
+        """The camera's colour and depth; None when `cancelled()` turns true between two chunks.
+        `progress(rays done, rays in all)` is called after each chunk."""
         device = self.fabric.device
         c2w = camera.c2w.to(device)
         intrinsics = fov_intrinsics(torch.tensor([camera.fov]), camera.height, camera.width)[0].to(device)
@@ -120,6 +143,8 @@ class ViewRenderer:
                 )
                 colours.append(rgb)
                 depths.append(depth)
+                if progress is not None:
+                    progress(start + len(chunk), len(rays))
         rgb, depth = torch.cat(colours).cpu(), torch.cat(depths).cpu()
         return RenderedImage(
             rgb=rgb.reshape(camera.height, camera.width, 3), depth=depth.reshape(camera.height, camera.width)
@@ -191,6 +216,10 @@ class ClientView:
         self.images_shown = 0
         self.last_shown: tuple[int, str] | None = None  # (generation, level) of the image on the page
         self.timings: dict[str, float] = {}  # level (refinement_levels) -> seconds from the move to its image
+        self.connected_at = time.perf_counter()
+        self.first_image_s: float | None = None  # seconds from the connection to the first image shown
+        self.progress_shown_at = 0.0  # when the full image's progress was last sent to the page
+        self.opening: tuple[ViewCamera, float] | None = None  # (camera, when) the server set, until echoed
         self.errors: list[str] = []
         self.keyframes: list[tuple[Tensor, float]] = []  # (c2w, fov degrees)
         self._build_controls()
@@ -202,7 +231,9 @@ class ClientView:
         gui = self.client.gui
         self.mode = gui.add_dropdown("Show", MODES, initial_value="RGB")
         self.mode.on_update(lambda _: self.show_last())
-        self.status = gui.add_markdown("Move the camera to render.")
+        self.status = gui.add_markdown("Rendering the opening view.")
+        self.progress = gui.add_markdown("full image: waiting for the camera")
+        self.progress_bar = gui.add_progress_bar(0.0)
         self.sources = gui.add_markdown("")
         with gui.add_folder("Camera path"):
             self.duration = gui.add_number("Duration (s)", initial_value=4.0, min=0.1, max=600.0, step=0.1)
@@ -301,6 +332,28 @@ class ClientView:
         height, width = self.app.full_size(float(camera.aspect))
         return ViewCamera(c2w_of(camera.wxyz, camera.position), math.degrees(float(camera.fov)), height, width)
 
+    def open_at(self, camera: ViewCamera) -> None:
+        """Render the opening camera the server has just set in the browser, without waiting for the
+        browser to report it."""
+        with self.changed:
+            self.opening = (camera, time.perf_counter())
+        self.camera_moved(camera)
+
+    def client_camera_changed(self) -> None:
+        """The browser sent its camera: render it, unless it is the camera being rendered (the echo
+        of the opening camera, which would cancel and restart its render) or one sent before the
+        browser applied the opening camera."""
+        camera = self.current_camera()
+        with self.changed:
+            if self.opening is not None:
+                opening, set_at = self.opening
+                if not opening.same_pose(camera) and time.perf_counter() - set_at < OPENING_ECHO_WAIT_S:
+                    return
+                self.opening = None
+            if self.camera is not None and self.camera.same_view(camera):
+                return
+        self.camera_moved(camera)
+
     def camera_moved(self, camera: ViewCamera | None = None) -> None:
         """A new camera (default: the client's): cancel the render in progress and start again."""
         with self.changed:
@@ -341,20 +394,42 @@ class ClientView:
         nearest = self.app.renderer.nearest_views(camera.c2w)
         self.sources.content = "Nearest source views: " + ", ".join(names[v] for v in nearest)
         levels = refinement_levels(camera, self.app.settings.preview_rays)
+        full = f"full image {camera.width}x{camera.height}"
+        self._show_progress(f"{full}: 0%", 0.0)
+
+        def full_progress(done: int, total: int) -> None:  # per chunk of the full-size image
+            if done < total and time.perf_counter() - self.progress_shown_at >= PROGRESS_INTERVAL_S:
+                seconds = time.perf_counter() - moved_at
+                self._show_progress(f"{full}: {100 * done / total:.0f}% ({seconds:.0f} s)", 100 * done / total)
+
         for step, (level, sized) in enumerate(levels):
-            frame = self.app.renderer.render(sized, cancelled=lambda: self.generation != generation)
+            frame = self.app.renderer.render(
+                sized,
+                cancelled=lambda: self.generation != generation,
+                progress=full_progress if step == len(levels) - 1 else None,
+            )
             if frame is None:
                 return
             self.last = frame
             self.timings[level] = time.perf_counter() - moved_at
             self.show_last()
-            self.images_shown += 1
-            self.last_shown = (generation, level)
-            self.app.images_shown += 1
+            if self.first_image_s is None:
+                self.first_image_s = time.perf_counter() - self.connected_at
             self.status.content = (
                 f"{level} {sized.width}x{sized.height} in {self.timings[level]:.1f} s after the move"
                 + ("; refining" if step < len(levels) - 1 else "")
             )
+            if step == len(levels) - 1:
+                self._show_progress(f"{full}: done in {self.timings[level]:.1f} s", 100.0)
+            # Last: the counts tell a watcher (tests, viewer_screenshots.py) the image and its lines are out.
+            self.images_shown += 1
+            self.last_shown = (generation, level)
+            self.app.images_shown += 1
+
+    def _show_progress(self, text: str, percent: float) -> None:
+        self.progress.content = text
+        self.progress_bar.value = percent
+        self.progress_shown_at = time.perf_counter()
 
     def _error(self, err: BaseException) -> None:
         message = f"{type(err).__name__}: {err}"
@@ -383,7 +458,8 @@ class ViewerApp:
             ckpt_path,
         )
         config = trained.settings
-        net = trained.system.net.to(fabric.device).eval()
+        trained.system.net.to(fabric.device).eval()
+        net = trained.system.rendering_network(fabric.device)
         chunk_rays = budget_chunk_rays(config.render, config.model.net, config.data.num_source_views, fabric.device)
         self.renderer = ViewRenderer(
             net, scene, trained.system.sampler, config.data.num_source_views, chunk_rays, fabric
@@ -425,6 +501,9 @@ class ViewerApp:
         view = ClientView(self, client)
         self.clients[client.client_id] = view
         self.connections += 1
+        client.camera.on_update(lambda _: view.client_camera_changed())
+        if not has_camera(client):
+            return  # the first camera the browser sends is rendered (client_camera_changed), no move needed
         # Start at the first training camera, looking the way it looked, the orbit pivoting where
         # the training cameras look (viser's default pivot, the origin, turns the camera away).
         scene = self.renderer.scene
@@ -434,7 +513,8 @@ class ViewerApp:
             client.camera.position = c2w[:3, 3].numpy()
             client.camera.up_direction = (-c2w[:3, 1]).numpy()  # OpenCV: image rows point down
             client.camera.look_at = (c2w[:3, 3] + orbit_depth(scene, c2w) * c2w[:3, 2]).numpy()
-        client.camera.on_update(lambda _: view.camera_moved())
+        # Rendered now: the browser's echo of this camera is no move (client_camera_changed).
+        view.open_at(view.current_camera())
 
     def _disconnect(self, client: Any) -> None:
         view = self.clients.pop(client.client_id, None)
@@ -449,6 +529,14 @@ class ViewerApp:
         for view in list(self.clients.values()):
             view.close()
         self.server.stop()
+
+
+def has_camera(client: Any) -> bool:
+    """Whether viser has had a camera from this client yet (its camera's properties assert one)."""
+    try:
+        return bool(client.camera.update_timestamp)
+    except AssertionError:
+        return False
 
 
 def free_port(host: str) -> int:
