@@ -273,3 +273,21 @@ def test_the_bf16_kernels_take_no_gradients():
     with torch.inference_mode():
         assert cpu_kernels.usable(x, 8, views=4)
     assert not cpu_kernels.usable(x, 8, views=4)
+
+
+def test_an_autocast_around_the_bf16_network_changes_nothing():
+    """A bf16-mixed trainer's test phase renders under autocast: the fast network keeps its own
+    precision (fp32 geometry and projections, its encoder's autocast), so the pixels are those without."""
+    net = _net("pola_gnt")
+    sources, rays, depths = _rig(net)
+    fast = FastRenderNetwork(net, torch.bfloat16)
+    with torch.inference_mode():
+        encoded = fast.source_views(sources.images, sources.c2w, sources.intrinsics)
+        plain = fast(rays, depths, encoded)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            encoded_under = FastRenderNetwork(net, torch.bfloat16).source_views(
+                sources.images, sources.c2w, sources.intrinsics
+            )
+            under = FastRenderNetwork(net, torch.bfloat16)(rays, depths, encoded_under)
+    assert torch.equal(encoded_under.features, encoded.features)
+    assert torch.equal(under.rgb, plain.rgb) and torch.equal(under.depth, plain.depth)

@@ -207,9 +207,11 @@ class FastRenderNetwork:
         return SourceViews(images=images, features=self.encode(images), c2w=c2w, intrinsics=intrinsics)
 
     def project(self, sources: SourceViews) -> ProjectedSources:
-        """Multiply every feature pixel by the first layer's feature part, once per set of views."""
+        """Multiply every feature pixel by the first layer's feature part, once per set of views (fp32,
+        whatever autocast is around: a bf16-mixed trainer's test phase)."""
         features = sources.features.float()
-        projected = torch.einsum("wc,vchx->vwhx", self.feature_weight, features)
+        with torch.autocast(features.device.type, enabled=False):
+            projected = torch.einsum("wc,vchx->vwhx", self.feature_weight, features)
         # Channels last: grid_sample reads it faster (the same values).
         projected = projected.contiguous(memory_format=torch.channels_last)
         return ProjectedSources(views=sources, projected=projected)
@@ -229,34 +231,41 @@ class FastRenderNetwork:
     def __call__(
         self, rays: Rays, depths: Float[Tensor, "rays samples"], sources: SourceViews | ProjectedSources
     ) -> RayOutput:
-        """As `GNT.forward`: `rays` (a chunk) at sample `depths` `[rays, samples]`."""
+        """As `GNT.forward`: `rays` (a chunk) at sample `depths` `[rays, samples]`. The network sets its
+        own precision: an autocast around it (a bf16-mixed trainer's test phase) is switched off."""
+        with torch.autocast(depths.device.type, enabled=False):
+            return self._forward(rays, depths, sources)
+
+    def _forward(
+        self, rays: Rays, depths: Float[Tensor, "rays samples"], sources: SourceViews | ProjectedSources
+    ) -> RayOutput:
         net, dtype = self.net, self.dtype
         prepared = self._projected(sources)
         views = prepared.views
         n_rays, n_samples = depths.shape
         height, width = views.images.shape[-2:]
-        with torch.autocast(device_type=depths.device.type, enabled=False):
-            points = points_along_rays(rays, depths).float()  # [rays, samples, 3]
-            projection = project_points(points, views.c2w.float(), views.intrinsics.float(), height, width)
-            grid = pixels_to_grid(projection.pixels, height, width).flatten(1, 2)  # [views, points, 2]
-            visible = projection.visible.flatten(1)  # [views, points]
-            # Channels first, as grid_sample reads them: [views, channels, points].
-            seen_by = visible[:, None, :].float()  # [views, 1, points]
-            rgb = _bilinear_channels(views.images.float(), grid, "border").mul_(seen_by)  # [views, 3, points]
-            hidden = _bilinear_channels(prepared.projected, grid, "border").mul_(seen_by)  # [views, width, points]
-            # First layer: visible * (W_f f + W_rgb rgb) + b, then ReLU (rgb is already zeroed where unseen).
-            hidden = torch.baddbmm(hidden, self.rgb_weight.expand(len(rgb), -1, -1), rgb)
-            hidden = torch.relu_(hidden.add_(self.first_bias[:, None]))
-            # One pass to the token layout [points, views, width], in the compute dtype.
-            n_views, n_width, n_points = hidden.shape
-            tokens_in = hidden.new_empty((n_points, n_views, n_width), dtype=dtype)
-            tokens_in.permute(1, 2, 0).copy_(hidden)
-            rel_dirs = relative_directions(points, rays.origins[:, None, :].float(), views.centers.float())
-            view_mask = visible.t()  # [points, views]
-            seen = view_mask.any(dim=-1).unflatten(0, (n_rays, n_samples))  # [rays, samples]
-            point_code = sinusoidal_encoding(points, net.n_freqs)  # [rays, samples, 63]
-            unit_dirs = F.normalize(rays.directions.float(), dim=-1)
-            direction_code = sinusoidal_encoding(unit_dirs, net.n_freqs)  # [rays, 63]: once per ray
+        # fp32 geometry, reads and codes; the bf16 work starts at the second layer of the view tokens.
+        points = points_along_rays(rays, depths).float()  # [rays, samples, 3]
+        projection = project_points(points, views.c2w.float(), views.intrinsics.float(), height, width)
+        grid = pixels_to_grid(projection.pixels, height, width).flatten(1, 2)  # [views, points, 2]
+        visible = projection.visible.flatten(1)  # [views, points]
+        # Channels first, as grid_sample reads them: [views, channels, points].
+        seen_by = visible[:, None, :].float()  # [views, 1, points]
+        rgb = _bilinear_channels(views.images.float(), grid, "border").mul_(seen_by)  # [views, 3, points]
+        hidden = _bilinear_channels(prepared.projected, grid, "border").mul_(seen_by)  # [views, width, points]
+        # First layer: visible * (W_f f + W_rgb rgb) + b, then ReLU (rgb is already zeroed where unseen).
+        hidden = torch.baddbmm(hidden, self.rgb_weight.expand(len(rgb), -1, -1), rgb)
+        hidden = torch.relu_(hidden.add_(self.first_bias[:, None]))
+        # One pass to the token layout [points, views, width], in the compute dtype.
+        n_views, n_width, n_points = hidden.shape
+        tokens_in = hidden.new_empty((n_points, n_views, n_width), dtype=dtype)
+        tokens_in.permute(1, 2, 0).copy_(hidden)
+        rel_dirs = relative_directions(points, rays.origins[:, None, :].float(), views.centers.float())
+        view_mask = visible.t()  # [points, views]
+        seen = view_mask.any(dim=-1).unflatten(0, (n_rays, n_samples))  # [rays, samples]
+        point_code = sinusoidal_encoding(points, net.n_freqs)  # [rays, samples, 63]
+        unit_dirs = F.normalize(rays.directions.float(), dim=-1)
+        direction_code = sinusoidal_encoding(unit_dirs, net.n_freqs)  # [rays, 63]: once per ray
 
         view_tokens = self.second(tokens_in)  # [points, views, width]
         tokens = _masked_max_over_views(view_tokens, view_mask).unflatten(0, (n_rays, n_samples))
