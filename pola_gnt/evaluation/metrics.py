@@ -44,7 +44,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from pola_gnt.core.errors import UserError
-from pola_gnt.core.paths import LPIPS_WEIGHTS_ENV
+from pola_gnt.core.paths import LPIPS_WEIGHTS_ENV, lpips_env_weights_path
 from pola_gnt.data.images import read_image as read_rgb8
 
 LPIPS_NETS = ("alex", "vgg")
@@ -245,24 +245,8 @@ def _torchvision_backbone_state(net: str) -> dict[str, Tensor]:
 
 
 def env_weights_path(net: str) -> Path | None:
-    """The npz for LPIPS-`net` named by `$POLA_GNT_LPIPS_WEIGHTS`, or None.
-
-    The variable may name a folder holding `<net>_v0.1.npz` files, or one npz file. A file named
-    for the other network (`alex_...` when VGG is asked for) stands for its folder: the sibling
-    `<net>_v0.1.npz` is used if it exists, so one setting serves both networks.
-    """
-    env = os.environ.get(LPIPS_WEIGHTS_ENV, "")
-    if not env:
-        return None
-    path = Path(env).expanduser()
-    if path.is_dir():
-        candidate = path / f"{net}_v0.1.npz"
-        return candidate if candidate.is_file() else None
-    other_nets = [other for other in LPIPS_NETS if other != net]
-    if any(path.name.startswith(other) for other in other_nets):
-        sibling = path.with_name(f"{net}_v0.1.npz")
-        return sibling if sibling.is_file() else None
-    return path
+    """The npz for LPIPS-`net` named by `$POLA_GNT_LPIPS_WEIGHTS`, or None (`core.paths`)."""
+    return lpips_env_weights_path(net, LPIPS_NETS)
 
 
 def load_lpips(net: str = "alex", weights_path: str | Path | None = None) -> lpips.LPIPS | None:

@@ -51,6 +51,7 @@ from torch import Tensor, nn
 from pola_gnt.attention.modules import SubtractionViewAttention
 from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
 from pola_gnt.geometry.rays import Rays, points_along_rays
+from pola_gnt.model.backbone import AlexNetEncoder
 from pola_gnt.model.encoder import ImageEncoder
 from pola_gnt.model.settings import NetSettings
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
@@ -313,7 +314,11 @@ class GNT(nn.Module):
         self.n_freqs = n_freqs
         self.encoder_input_scale = settings.encoder_input_scale
         self.gnt_compatible = settings.gnt_compatible
-        self.encoder = ImageEncoder(settings.encoder, gnt_compatible=self.gnt_compatible)
+        self.encoder: ImageEncoder | AlexNetEncoder
+        if settings.encoder.backbone == "alexnet":
+            self.encoder = AlexNetEncoder(settings.encoder)
+        else:
+            self.encoder = ImageEncoder(settings.encoder, gnt_compatible=self.gnt_compatible)
         position_dim = 2 * 3 * (1 + 2 * n_freqs)  # codes of the 3D point and the unit ray direction
         self.view_token_mlp = _mlp(3 + self.encoder.feature_channels, width)
         self.blocks = nn.ModuleList(

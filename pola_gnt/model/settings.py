@@ -9,6 +9,8 @@ from dataclasses import dataclass
 # `model.net.compat`: "none" is this project's network; "gnt" reproduces the forward of GNT's official
 # code exactly, for its converted checkpoints (`python -m pola_gnt.convert_gnt`; see `model.gnt`).
 COMPAT_MODES = ("none", "gnt")
+# `model.net.encoder.backbone`: none is the ResNet-style encoder; alexnet starts from ImageNet weights.
+BACKBONES = ("none", "alexnet")
 
 
 @dataclass(frozen=True)
@@ -19,10 +21,16 @@ class EncoderSettings:
     stage_channels: tuple[int, ...]
     stage_blocks: tuple[int, ...]
     feature_channels: int
+    backbone: str  # one of BACKBONES: none (the ResNet-style encoder) | alexnet (model.backbone)
+    backbone_weights: str | None  # alex_v0.1.npz (file or folder); None: $POLA_GNT_LPIPS_WEIGHTS
+    backbone_trainable_layers: int  # 0..5: the last n AlexNet convolutions train, the rest frozen
 
     @property
     def min_input_side(self) -> int:
-        """Reflect padding and InstanceNorm need 2 pixels per side at the deepest stage."""
+        """Reflect padding and InstanceNorm need 2 pixels per side at the deepest stage; AlexNet's
+        two max-pools need 31 pixels."""
+        if self.backbone == "alexnet":
+            return 31
         return 2 ** (len(self.stage_channels) + 1) + 1
 
 

@@ -128,9 +128,10 @@ class GNTSystem(pl.LightningModule):
 
     def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
         optim = self.settings.optim
-        encoder_params = list(self.net.encoder.parameters())
-        encoder_ids = {id(p) for p in encoder_params}
-        other_params = [p for p in self.net.parameters() if id(p) not in encoder_ids]
+        # Frozen parameters (a frozen AlexNet backbone's) stay out of the optimiser.
+        encoder_params = [p for p in self.net.encoder.parameters() if p.requires_grad]
+        encoder_ids = {id(p) for p in self.net.encoder.parameters()}
+        other_params = [p for p in self.net.parameters() if id(p) not in encoder_ids and p.requires_grad]
         optimizer = torch.optim.Adam(
             [{"params": other_params, "lr": optim.lr_transformer}, {"params": encoder_params, "lr": optim.lr_encoder}]
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pola_gnt.model.backbone import weights_from_checkpoint
 from pola_gnt.runs.checkpoints import state_dict_mismatch
 from pola_gnt.runs.config.stored import TrainedRunConfig
 from pola_gnt.runs.settings import RunSettings
@@ -23,7 +24,8 @@ class TrainedCheckpoint:
 def load_trained_checkpoint(run: TrainedRunConfig) -> TrainedCheckpoint:
     """The system of `run` with the checkpoint's weights (strict)."""
     run.settings.trainer.check_device()  # the command line's trainer (a GPU checkpoint evaluates on a CPU)
-    system = GNTSystem(run.settings, run.config)
+    with weights_from_checkpoint():  # an ImageNet backbone's weights come from the checkpoint too
+        system = GNTSystem(run.settings, run.config)
     try:
         system.load_state_dict(run.checkpoint["state_dict"], strict=True)
     except RuntimeError as err:

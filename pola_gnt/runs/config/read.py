@@ -37,7 +37,7 @@ from pola_gnt.evaluation.metrics import LPIPS_NETS, PROTOCOL_DEFAULTS, PROTOCOLS
 from pola_gnt.evaluation.settings import MetricsSettings, OutputSettings
 from pola_gnt.geometry.camera_paths import PATH_KINDS
 from pola_gnt.model.inference import PRECISIONS
-from pola_gnt.model.settings import COMPAT_MODES, EncoderSettings, ModelSettings, NetSettings, RenderSettings
+from pola_gnt.model.settings import BACKBONES, COMPAT_MODES, EncoderSettings, ModelSettings, NetSettings, RenderSettings
 from pola_gnt.runs.budget import max_time_seconds
 from pola_gnt.runs.settings import (
     AnalyzeSettings,
@@ -315,7 +315,14 @@ def _encoder(r: ConfigReader) -> EncoderSettings:
             f"{r.prefix}: stage_channels {list(channels)} and stage_blocks {list(blocks)} must have "
             f"equal lengths of at least 2"
         )
-    return EncoderSettings(stage_channels=channels, stage_blocks=blocks, feature_channels=r.int("feature_channels"))
+    return EncoderSettings(
+        stage_channels=channels,
+        stage_blocks=blocks,
+        feature_channels=r.int("feature_channels"),
+        backbone=r.choice("backbone", BACKBONES),
+        backbone_weights=r.text("backbone_weights", what="a path to alex_v0.1.npz or its folder", nullable=True),
+        backbone_trainable_layers=r.int("backbone_trainable_layers", 0, 5),
+    )
 
 
 def _model(r: ConfigReader) -> ModelSettings:
@@ -351,6 +358,11 @@ def _check_gnt_compat(net: ConfigReader, settings: NetSettings) -> None:
     """`compat: gnt` is GNT's own network: its attention kinds, its plain mean read-out."""
     if not settings.gnt_compatible:
         return
+    if settings.encoder.backbone != "none":
+        key = f"{net.key('encoder')}.backbone"
+        raise UserError(
+            f"{key}: {settings.encoder.backbone!r} with {net.key('compat')}=gnt, GNT's network (set {key}=none)"
+        )
     gnt_values = {
         "view_attention": (settings.view_attention, "subtraction"),
         "ray_attention": (settings.ray_attention, "softmax"),
