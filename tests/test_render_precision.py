@@ -291,3 +291,17 @@ def test_an_autocast_around_the_bf16_network_changes_nothing():
             under = FastRenderNetwork(net, torch.bfloat16)(rays, depths, encoded_under)
     assert torch.equal(encoded_under.features, encoded.features)
     assert torch.equal(under.rgb, plain.rgb) and torch.equal(under.depth, plain.depth)
+
+
+def test_rays_are_fp32_under_autocast():
+    """A bf16-mixed trainer tests (and a GPU's bf16 autocast renders) under autocast: the rays stay
+    those of fp32, or the image edges are read up to a pixel off."""
+    intrinsics = torch.tensor([[400.0, 0.0, 252.0], [0.0, 400.0, 189.0], [0.0, 0.0, 1.0]])
+    c2w = torch.eye(4)
+    c2w[:3, 3] = torch.tensor([0.3, -0.2, 1.7])
+    pixels = pixel_grid(378, 504)
+    plain = pixel_rays(c2w, intrinsics, pixels)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under = pixel_rays(c2w, intrinsics, pixels)
+    assert under.directions.dtype == torch.float32
+    assert torch.equal(under.directions, plain.directions) and torch.equal(under.origins, plain.origins)

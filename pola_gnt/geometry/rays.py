@@ -40,11 +40,14 @@ def pixel_grid(height: int, width: int, device: torch.device | str | None = None
 
 
 def pixel_rays(c2w: Float[Tensor, "4 4"], intrinsics: Float[Tensor, "3 3"], pixels: Float[Tensor, "rays 2"]) -> Rays:
-    """Rays through `pixels` `[rays, 2]` (u, v) of one camera (`c2w` `[4, 4]`, `intrinsics` `[3, 3]`)."""
-    homogeneous = torch.cat([pixels, torch.ones_like(pixels[:, :1])], dim=-1)  # [rays, 3]
-    camera_dirs = homogeneous @ torch.linalg.inv(intrinsics).T  # [rays, 3], z = 1
-    directions = camera_dirs @ c2w[:3, :3].T
-    origins = c2w[:3, 3].expand_as(directions)
+    """Rays through `pixels` `[rays, 2]` (u, v) of one camera (`c2w` `[4, 4]`, `intrinsics` `[3, 3]`).
+    In the inputs' precision, also under autocast: directions rounded to bf16 point up to a pixel off at the image
+    edges (a bf16-mixed trainer's test phase scored fern 1 dB lower with them)."""
+    with torch.autocast(device_type=pixels.device.type, enabled=False):
+        homogeneous = torch.cat([pixels, torch.ones_like(pixels[:, :1])], dim=-1)  # [rays, 3]
+        camera_dirs = homogeneous @ torch.linalg.inv(intrinsics).T  # [rays, 3], z = 1
+        directions = camera_dirs @ c2w[:3, :3].T
+        origins = c2w[:3, 3].expand_as(directions)
     return Rays(origins.contiguous(), directions)
 
 
