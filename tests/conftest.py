@@ -18,7 +18,7 @@ os.environ["POLA_GNT_CHECK_SHAPES"] = "1"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
-from helpers import TINY_OVERRIDES, run_module  # noqa: E402
+from helpers import TINY_RUN_OVERRIDES, interpreter, run_in_process  # noqa: E402
 
 from pola_gnt.core.paths import DEMO_ENV, PROCEDURAL_ENV, PROJECT_ROOT  # noqa: E402
 
@@ -28,6 +28,15 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 def pytest_configure(config: pytest.Config) -> None:
     # beartype reads omegaconf's DictConfig as a `typing.MutableMapping` hint and warns about that alias.
     config.addinivalue_line("filterwarnings", r"ignore:.*typing\.MutableMapping.*deprecated by PEP 585")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # The Triton kernel files' child pytest (helpers/interpreter.py) starts now and runs beside the tests.
+    interpreter.start_for_session(session)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    interpreter.stop_unfinished()
 
 
 def _shared_dir() -> Path:
@@ -88,18 +97,14 @@ def lpips_calibration_dir(shared_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_runs(tmp_path_factory) -> dict[str, Path]:
-    """A short demo-scene training run per model (`gnt`, `pola_gnt`): run folder with checkpoints and metrics."""
+    """A short demo-scene training run per model (`gnt`, `pola_gnt`): run folder with checkpoints and
+    metrics. Trained by the train command's `main` in this process (a child process would spend most
+    of its time importing). Tests that train this very command again compare with these runs
+    (`test_study`'s multirun) or resume towards them (`test_train`'s resume)."""
     runs = {}
     for model in ("gnt", "pola_gnt"):
         run_dir = tmp_path_factory.mktemp(f"tiny_{model}")
-        result = run_module(
-            "train",
-            f"model={model}",
-            *TINY_OVERRIDES,
-            "trainer.max_steps=6",
-            "trainer.val_check_interval=3",
-            f"hydra.run.dir={run_dir}",
-        )
+        result = run_in_process("train", f"model={model}", *TINY_RUN_OVERRIDES, f"hydra.run.dir={run_dir}")
         assert result.returncode == 0, result.stderr[-3000:]
         runs[model] = run_dir
     return runs

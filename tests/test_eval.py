@@ -25,13 +25,15 @@ def last_checkpoint(run_dir: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    "model, overrides",
+    "model, overrides, child",
     [
-        ("pola_gnt", ["model=pola_gnt", *TINY_OVERRIDES]),  # the training command's keys, all equal to the checkpoint's
-        ("gnt", []),  # nothing but the checkpoint: its stored config decides everything
+        # The training command's keys, all equal to the checkpoint's; as a user runs it (a child process).
+        ("pola_gnt", ["model=pola_gnt", *TINY_OVERRIDES], True),
+        # Nothing but the checkpoint: its stored config decides everything (the command's `main`, in this process).
+        ("gnt", [], False),
     ],
 )
-def test_eval_reproduces_the_training_metrics(tiny_runs, tmp_path, model, overrides):
+def test_eval_reproduces_the_training_metrics(tiny_runs, tmp_path, model, overrides, child):
     run_dir = tiny_runs[model]
     trained = json.loads((run_dir / "metrics.json").read_text())
     checkpoint = last_checkpoint(run_dir)
@@ -40,7 +42,9 @@ def test_eval_reproduces_the_training_metrics(tiny_runs, tmp_path, model, overri
         f"{checkpoint} holds step {saved_step} but the run tested step {trained['global_step']}: "
         "training must save last.ckpt with its final weights"
     )
-    result = run_module("eval", *overrides, f"ckpt_path={checkpoint}", f"hydra.run.dir={tmp_path}")
+    result = (run_module if child else run_in_process)(
+        "eval", *overrides, f"ckpt_path={checkpoint}", f"hydra.run.dir={tmp_path}"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     evaluated = json.loads((tmp_path / "metrics.json").read_text())
     keys = ("scene", "model", "protocol", "lpips_net", "resolution", "global_step", "metric_settings", "seed", "budget")

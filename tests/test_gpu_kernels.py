@@ -22,8 +22,8 @@ from pola_gnt.attention import gpu_kernels, triton_kernel, triton_ray, triton_vi
 
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")
-def test_checks_in_interpreter():
-    assert_passes_in_interpreter(__file__)
+def test_checks_in_interpreter(request):
+    assert_passes_in_interpreter(__file__, request)
 
 
 @pytest.fixture(autouse=True)

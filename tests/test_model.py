@@ -23,9 +23,23 @@ from pola_gnt.model.settings import EncoderSettings
 
 HEIGHT, WIDTH, FOCAL = 24, 32, 30.0
 MODEL_KINDS = {"gnt": ("subtraction", "softmax"), "pola_gnt": ("pola", "pola")}
-TINY_ENCODER = EncoderSettings(stage_channels=(8, 16, 16), stage_blocks=(1, 1, 1), feature_channels=32)
+TINY_ENCODER = EncoderSettings(
+    stage_channels=(8, 16, 16),
+    stage_blocks=(1, 1, 1),
+    feature_channels=32,
+    backbone="none",
+    backbone_weights=None,
+    backbone_trainable_layers=0,
+)
 # GNT's encoder (conf/model/gnt.yaml)
-FULL_ENCODER = EncoderSettings(stage_channels=(64, 128, 256), stage_blocks=(3, 4, 6), feature_channels=32)
+FULL_ENCODER = EncoderSettings(
+    stage_channels=(64, 128, 256),
+    stage_blocks=(3, 4, 6),
+    feature_channels=32,
+    backbone="none",
+    backbone_weights=None,
+    backbone_trainable_layers=0,
+)
 
 
 def intrinsics() -> torch.Tensor:

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import assert_one_error_line, run_in_process
+from helpers import assert_one_error_line, run_in_process, run_modules_at_once
 
 from pola_gnt.core.errors import UserError
 from pola_gnt.core.files import file_sha256
@@ -38,22 +38,41 @@ def test_an_unknown_shipped_name_is_one_error_line(tmp_path):
     assert_one_error_line(result, "pretrained:nothing", "pretrained:pola_gnt")
 
 
+@pytest.fixture(scope="module")
+def fern_evaluations(request, llff_root, lpips_alex_weights, tmp_path_factory) -> dict[str, tuple]:
+    """`python -m pola_gnt.eval scene=fern ckpt_path=pretrained:NAME` of every shipped checkpoint this
+    session tests, as child processes at the same time (each a few minutes of one thread: on two idle
+    cores both take the time of one): `{name: (the finished process, its run folder)}`."""
+    names = [
+        item.callspec.params["name"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_the_shipped_checkpoint_scores_its_manifest_on_fern"
+    ]
+    run_dirs = {name: tmp_path_factory.mktemp(f"fern_{name}") for name in names}
+    commands = {
+        name: (
+            "eval",
+            "scene=fern",
+            f"ckpt_path=pretrained:{name}",
+            f"data.root={llff_root}",
+            f"metrics.lpips_weights={lpips_alex_weights}",
+            "output.save_images=false",
+            "render.precision=fp32",  # the manifest's scores were rendered in fp32
+            f"hydra.run.dir={run_dir}",
+        )
+        for name, run_dir in run_dirs.items()
+    }
+    results = run_modules_at_once(commands)
+    return {name: (results[name], run_dirs[name]) for name in names}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SHIPPED)
-def test_the_shipped_checkpoint_scores_its_manifest_on_fern(name, llff_root, lpips_alex_weights, tmp_path):
+def test_the_shipped_checkpoint_scores_its_manifest_on_fern(name, fern_evaluations):
     """`python -m pola_gnt.eval scene=fern ckpt_path=pretrained:NAME`, zero-shot: the manifest's metrics."""
-    result = run_in_process(
-        "eval",
-        "scene=fern",
-        f"ckpt_path=pretrained:{name}",
-        f"data.root={llff_root}",
-        f"metrics.lpips_weights={lpips_alex_weights}",
-        "output.save_images=false",
-        "render.precision=fp32",  # the manifest's scores were rendered in fp32
-        f"hydra.run.dir={tmp_path}",
-    )
+    result, run_dir = fern_evaluations[name]
     assert result.returncode == 0, result.stderr[-2000:]
-    document = json.loads((tmp_path / "metrics.json").read_text())
+    document = json.loads((run_dir / "metrics.json").read_text())
     expected = read_manifest()[name]["zero_shot"]["fern"]["mean"]
     assert document["mode"] == "zero-shot" and document["seen_in_training"] is False
     for metric in ("psnr", "ssim", "lpips"):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import CONFIG_DIR, TINY_OVERRIDES, assert_one_error_line, train_in_process
+from helpers import CONFIG_DIR, TINY_OVERRIDES, assert_one_error_line, run_in_process, train_in_process
 from hydra import compose, initialize_config_dir
 
 from pola_gnt.core.errors import RunStopped, UserError
@@ -159,8 +159,12 @@ def test_run_lock_refuses_a_second_holder_and_takes_over_a_stale_one(tmp_path):
     lock.release()
 
 
+def _train_arguments(run_dir: Path, *extra: str) -> list[str]:
+    return [*COMMON, f"hydra.run.dir={run_dir}", *extra]
+
+
 def _train_command(run_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "pola_gnt.train", *COMMON, f"hydra.run.dir={run_dir}", *extra]
+    return [sys.executable, "-m", "pola_gnt.train", *_train_arguments(run_dir, *extra)]
 
 
 def test_second_run_on_a_folder_refuses_and_a_killed_run_is_resumed(tmp_path):
@@ -174,26 +178,15 @@ def test_second_run_on_a_folder_refuses_and_a_killed_run_is_resumed(tmp_path):
         deadline = time.time() + 120
         while not (tmp_path / "checkpoints" / "last.ckpt").is_file() and time.time() < deadline:
             time.sleep(0.2)
-        second = subprocess.run(
-            _train_command(tmp_path, "trainer.max_steps=400", "seed=4"),
-            cwd=PROJECT_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        # The second run (the command's `main` in this process: another process than the first's).
+        second = run_in_process("train", *_train_arguments(tmp_path, "trainer.max_steps=400", "seed=4"))
         assert_one_error_line(second, f"pid {first.pid}")
     finally:
         first.kill()
         first.wait()
     assert (tmp_path / LOCK_NAME).exists()  # left by the killed run: stale
     (tmp_path / "checkpoints" / ".last.ckpt.half.tmp").write_bytes(b"half")  # a write cut short
-    resumed = subprocess.run(
-        _train_command(tmp_path, f"trainer.max_steps={MAX_STEPS}", "ckpt_path=last"),
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    resumed = run_in_process("train", *_train_arguments(tmp_path, f"trainer.max_steps={MAX_STEPS}", "ckpt_path=last"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert not list((tmp_path / "checkpoints").glob(".*.tmp")) and not (tmp_path / LOCK_NAME).exists()
 
@@ -257,25 +250,16 @@ def small_disk(tmp_path):
 
 @pytest.mark.parametrize("mode", ["full", "read-only"])
 def test_training_on_a_full_or_read_only_disk(small_disk, mode):
+    """The train command's `main` in this process: its exit code and what it wrote on stderr, where
+    Hydra would print a traceback."""
     run_dir = small_disk / "run"
     if mode == "full":
-        result = subprocess.run(
-            _train_command(run_dir, "trainer.max_steps=4", "model.net.width=64", "model.net.heads=2"),
-            cwd=PROJECT_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        arguments = _train_arguments(run_dir, "trainer.max_steps=4", "model.net.width=64", "model.net.heads=2")
     else:
         run_dir.mkdir()
         subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
-        result = subprocess.run(
-            _train_command(run_dir / "sub", "trainer.max_steps=4"),
-            cwd=PROJECT_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        arguments = _train_arguments(run_dir / "sub", "trainer.max_steps=4")
+    result = run_in_process("train", *arguments)
     lines = [line for line in result.stderr.strip().splitlines() if line.startswith("error:")]
     assert result.returncode == 2, result.stderr[-3000:]
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]

@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from helpers import TINY_OVERRIDES, run_in_process, run_module
+from helpers import TINY_RUN_OVERRIDES, run_in_process
 
 from pola_gnt.core.errors import UserError
 from pola_gnt.evaluation.stats import student_t_quantile
@@ -479,16 +479,11 @@ def test_eight_scene_mean_duplicates_and_mixed_protocols(tmp_path, capsys):
 
 
 def test_multirun_trains_every_model_and_the_report_pairs_them(tmp_path, tiny_runs):
+    """`python -m pola_gnt.train -m` over both models (the command's `main`, in this process; the
+    train command's child-process tests are in test_reliability.py), read by the report."""
     sweep = tmp_path / "sweep"
-    result = run_module(
-        "train",
-        "-m",
-        "model=gnt,pola_gnt",
-        "seed=0",
-        *TINY_OVERRIDES,
-        "trainer.max_steps=6",
-        "trainer.val_check_interval=3",
-        f"hydra.sweep.dir={sweep}",
+    result = run_in_process(
+        "train", "-m", "model=gnt,pola_gnt", "seed=0", *TINY_RUN_OVERRIDES, f"hydra.sweep.dir={sweep}"
     )
     assert result.returncode == 0, result.stderr[-3000:]
     for model in ("gnt", "pola_gnt"):

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from helpers import (
     TINY_OVERRIDES,
+    TINY_RUN_OVERRIDES,
     assert_one_error_line,
     compose_config,
     run_in_process,
@@ -64,7 +65,7 @@ def test_overfit_one_batch(model):
     system = system_of(cfg)
     optimizer = system.configure_optimizers()["optimizer"]
     losses = []
-    for _ in range(120):
+    for _ in range(60):  # measured +13 dB for either model at 60 steps (+16-18 dB at 120)
         output = system.render_batch(batch)
         loss = F.mse_loss(output.rgb, batch.rgb)
         optimizer.zero_grad()
@@ -120,11 +121,11 @@ def _metrics(run_dir) -> dict:
     return json.loads((run_dir / "metrics.json").read_text())
 
 
-def test_resume_matches_uninterrupted_run(tmp_path):
-    common = ["model=pola_gnt", *TINY_OVERRIDES, "trainer.val_check_interval=3", "seed=3"]
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    result = run_in_process("train", *common, "trainer.max_steps=6", f"hydra.run.dir={straight}")
-    assert result.returncode == 0, result.stderr[-2000:]
+def test_resume_matches_uninterrupted_run(tmp_path, tiny_runs):
+    """3 steps, then resumed to 6: the metrics of the uninterrupted 6-step run (the session's tiny run,
+    whose command this is but for `trainer.max_steps`)."""
+    common = ["model=pola_gnt", *(o for o in TINY_RUN_OVERRIDES if not o.startswith("trainer.max_steps="))]
+    straight, resumed = tiny_runs["pola_gnt"], tmp_path / "resumed"
     result = run_in_process("train", *common, "trainer.max_steps=3", f"hydra.run.dir={resumed}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert _metrics(resumed)["global_step"] == 3

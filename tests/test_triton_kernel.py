@@ -22,8 +22,8 @@ from pola_gnt.attention.reference import polarity_attention_reference as referen
 
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")
-def test_kernels_in_interpreter():
-    assert_passes_in_interpreter(__file__)
+def test_kernels_in_interpreter(request):
+    assert_passes_in_interpreter(__file__, request)
 
 
 def make_inputs(

@@ -23,8 +23,8 @@ NAMES = ("q", "k", "v", "temp_same", "temp_opp")
 
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")
-def test_kernels_in_interpreter():
-    assert_passes_in_interpreter(__file__)
+def test_kernels_in_interpreter(request):
+    assert_passes_in_interpreter(__file__, request)
 
 
 def make_inputs(

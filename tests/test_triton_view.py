@@ -25,8 +25,8 @@ LEAF_NAMES = ("q", "k", "v", "temp_same", "temp_opp")
 
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")
-def test_kernels_in_interpreter():
-    assert_passes_in_interpreter(__file__)
+def test_kernels_in_interpreter(request):
+    assert_passes_in_interpreter(__file__, request)
 
 
 def view_case(points, views, heads, d, masked=True, strided=True, scale=1.0, seed=0, dtype=torch.float32, device="cpu"):

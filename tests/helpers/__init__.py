@@ -1,15 +1,23 @@
 """Test helpers: running an entry point as a user would (a child process) or in this process (its
 `main` with command-line overrides, catching `SystemExit`), the one-`error:`-line assertion, and the
-project's config as typed settings (`compose_config`, `run_settings`, `TINY_OVERRIDES`), and the
-`scripts/` as modules (`load_script`).
+project's config as typed settings (`compose_config`, `run_settings`, `TINY_OVERRIDES`,
+`TINY_RUN_OVERRIDES`), and the `scripts/` as modules (`load_script`).
 
 Import from tests as `from helpers import ...` (pytest puts `tests/` on `sys.path`).
 """
 
-from helpers.commands import CHILD_PROCESSES, CommandResult, assert_one_error_line, run_in_process, run_module
+from helpers.commands import (
+    CHILD_PROCESSES,
+    CommandResult,
+    assert_one_error_line,
+    run_in_process,
+    run_module,
+    run_modules_at_once,
+)
 from helpers.config import (
     CONFIG_DIR,
     TINY_OVERRIDES,
+    TINY_RUN_OVERRIDES,
     compose_config,
     net_settings,
     process_data_settings,
@@ -24,6 +32,7 @@ __all__ = [
     "CHILD_PROCESSES",
     "CONFIG_DIR",
     "TINY_OVERRIDES",
+    "TINY_RUN_OVERRIDES",
     "CommandResult",
     "assert_one_error_line",
     "compose_config",
@@ -32,6 +41,7 @@ __all__ = [
     "load_script",
     "run_in_process",
     "run_module",
+    "run_modules_at_once",
     "run_settings",
     "scene_and_data",
     "system_of",

@@ -7,8 +7,11 @@ import importlib
 import io
 import subprocess
 import sys
+import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from unittest import mock
 
 from pola_gnt.core.errors import USER_ERROR_EXIT_CODE
@@ -44,9 +47,41 @@ def run_module(
     )
 
 
+def run_modules_at_once(
+    commands: dict[str, tuple[str, ...]], timeout: float = 1800, env: dict | None = None, cwd=PROJECT_ROOT
+) -> dict[str, subprocess.CompletedProcess]:
+    """Run several `python -m pola_gnt.<module> args...` (`{key: (module, *args)}`) as child processes
+    at the same time, for long single-threaded commands: on a machine with idle cores they take the
+    time of the longest. Their output goes to files (a full pipe would stall a child)."""
+    started = {}
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            for key, (module, *args) in commands.items():
+                CHILD_PROCESSES[module] += 1
+                out, err = (open(Path(folder) / f"{len(started)}.{kind}", "w+") for kind in ("out", "err"))
+                process = subprocess.Popen(
+                    [sys.executable, "-m", f"pola_gnt.{module}", *args], stdout=out, stderr=err, cwd=cwd, env=env
+                )
+                started[key] = (process, out, err)
+            deadline = time.monotonic() + timeout
+            results = {}
+            for key, (process, out, err) in started.items():
+                process.wait(timeout=max(1.0, deadline - time.monotonic()))
+                out.seek(0), err.seek(0)
+                results[key] = subprocess.CompletedProcess(process.args, process.returncode, out.read(), err.read())
+            return results
+        finally:
+            for process, out, err in started.values():
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+                out.close(), err.close()
+
+
 # Hydra leaves Python's logging as it is (no log file, no handler bound to the captured streams).
 _KEEP_LOGGING = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
 ARGPARSE_COMMANDS = ("report", "metrics")  # plain command lines, not Hydra apps
+_HYDRA_FLAGS = ("-m", "--multirun")
 
 
 def run_in_process(module: str, *overrides: str) -> CommandResult:
@@ -60,7 +95,11 @@ def run_in_process(module: str, *overrides: str) -> CommandResult:
     entry = importlib.import_module(name)
     extra = list(getattr(entry, "NO_OUTPUT_OVERRIDES", []))  # as `python -m pola_gnt.check_scene` adds them
     hydra_app = module not in ARGPARSE_COMMANDS
-    argv = [name, *extra, *(_KEEP_LOGGING if hydra_app else []), *overrides]
+    # Hydra's own flags (`-m`) before the overrides, as on a command line (argparse takes the overrides
+    # as one run of positional arguments).
+    flags = [o for o in overrides if hydra_app and o in _HYDRA_FLAGS]
+    overrides = tuple(o for o in overrides if o not in flags)
+    argv = [name, *flags, *extra, *(_KEEP_LOGGING if hydra_app else []), *overrides]
     stdout, stderr = io.StringIO(), io.StringIO()
     code = 0
     try:

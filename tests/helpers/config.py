@@ -37,6 +37,9 @@ TINY_OVERRIDES = [
     "model.net.encoder.stage_channels=[8,8,8]",
     "trainer.log_every_n_steps=1",
 ]
+# The session's shared tiny runs (conftest's `tiny_runs`: these with `model=gnt` or `model=pola_gnt`
+# and `hydra.run.dir`): a test that needs this very run reads `tiny_runs` rather than training it again.
+TINY_RUN_OVERRIDES = [*TINY_OVERRIDES, "trainer.max_steps=6", "trainer.val_check_interval=3"]
 
 
 def run_settings(*overrides: str) -> RunSettings:
