@@ -1,14 +1,17 @@
 """Training over a collection of scenes (pretraining): weighted scene draws seeded by (seed, rank,
 step), a memory-bounded scene cache, one error line per bad collection entry, the held-out scene,
-exact resume, zero-shot records in metrics.json, and fine-tuning from a checkpoint (`init_from`)."""
+exact resume, zero-shot records in metrics.json, fine-tuning from a checkpoint (`init_from`), and
+collection folders of every real kind (LLFF, NeRF Blender, transforms.json; `auto` from the files)."""
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import signal
 from pathlib import Path
 
+import imageio.v3 as iio
 import numpy as np
 import pytest
 import torch
@@ -19,6 +22,11 @@ from pola_gnt.core.files import file_sha256
 from pola_gnt.data.collection import CollectionGroup, CollectionScene, TrainingScenes, collection_groups
 from pola_gnt.data.datamodule import TrainSteps
 from pola_gnt.data.demo_scene import ensure_demo_scene
+from pola_gnt.data.llff import load_llff_scene, read_poses_bounds
+from pola_gnt.data.scenes import data_root
+from pola_gnt.data.settings import CollectionFolder, CollectionSettings
+from pola_gnt.data.transforms import opengl_to_opencv
+from pola_gnt.geometry.cameras import llff_to_opencv, look_at
 from pola_gnt.runs.checkpoints import read_checkpoint
 from pola_gnt.runs.config.read import read_run_settings
 from pola_gnt.runs.guards import TrainingGuard
@@ -38,24 +46,37 @@ def scene_folders(tmp_path_factory) -> dict[str, Path]:
     return folders
 
 
-def folders_override(folders: dict[str, Path], weights: dict[str, float]) -> str:
-    entries = ",".join(f"{{path:'{folders[name]}',rig:forward,weight:{weight}}}" for name, weight in weights.items())
+def folders_override(
+    folders: dict[str, Path], weights: dict[str, float], kinds: dict[str, str] | None = None, rig: str = "forward"
+) -> str:
+    """`collection.folders=[...]`: the named folders with these weights (and kinds; a folder without one
+    has no `kind` key, as in the collections written before kinds: auto)."""
+    kinds = kinds or {}
+    entries = ",".join(
+        f"{{path:'{folders[name]}',{f'kind:{kinds[name]},' if name in kinds else ''}rig:{rig},weight:{weight}}}"
+        for name, weight in weights.items()
+    )
     return f"collection.folders=[{entries}]"
 
 
-def collection_config(folders: dict[str, Path], *overrides: str, weights: dict[str, float] | None = None):
+def collection_config(
+    folders: dict[str, Path],
+    *overrides: str,
+    weights: dict[str, float] | None = None,
+    kinds: dict[str, str] | None = None,
+):
     weights = weights or {"alpha": 1.0, "beta": 1.0}
     return compose_config(
         *TINY_OVERRIDES,
         "collection=procedural10",
         "collection.procedural=null",
-        folders_override(folders, weights),
+        folders_override(folders, weights, kinds),
         *overrides,
     )
 
 
 def fake_scene(name: str) -> CollectionScene:
-    return CollectionScene(name=name, path=Path("/nowhere") / name, rig="forward", procedural=None)
+    return CollectionScene(name=name, path=Path("/nowhere") / name, kind="llff", rig="forward", procedural=None)
 
 
 def test_scene_draws_follow_the_weights():
@@ -121,17 +142,25 @@ def test_the_cache_holds_at_most_its_bound(scene_folders):
 
 
 @pytest.mark.parametrize(
-    "case, fragment",
+    "case, fragments",
     [
-        ("missing", "collection.folders[1].path"),
-        ("empty", "has no scenes"),
-        ("negative", "collection.folders[0].weight: must be a number >= 0"),
-        ("held_out", "the scene this run validates and tests on"),
+        ("missing", ["collection.folders[1].path"]),
+        ("empty", ["has no scenes"]),
+        ("negative", ["collection.folders[0].weight: must be a number >= 0"]),
+        ("held_out", ["the scene this run validates and tests on"]),
+        ("unknown_kind", ["collection.folders[0].kind: unknown value 'colmap'", "auto, llff, blender, transforms"]),
+        ("no_scene_files", ["collection.folders[1].path: ", "no scene files", "poses_bounds.npy"]),
+        ("wrong_kind", ["collection.folders[0].path: ", "no transforms_train.json", "kind: blender"]),
+        ("same_name", ["collection.folders[1].path: ", "scene name 'alpha'", "collection.folders[0].path"]),
     ],
 )
-def test_bad_collection_entries_are_one_error_line(scene_folders, tmp_path, case, fragment):
+def test_bad_collection_entries_are_one_error_line(scene_folders, tmp_path, case, fragments):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "alpha").symlink_to(scene_folders["alpha"], target_is_directory=True)
+    both = {"alpha": 1, "beta": 1}
     overrides = {
-        "missing": [folders_override({**scene_folders, "beta": tmp_path / "nowhere"}, {"alpha": 1, "beta": 1})],
+        "missing": [folders_override({**scene_folders, "beta": tmp_path / "nowhere"}, both)],
         "empty": ["collection.folders=[]"],
         "negative": [folders_override(scene_folders, {"alpha": -1.0, "beta": 1.0})],
         # scene=llff scene.path=<alpha>: the validation scene is itself in the collection
@@ -140,6 +169,11 @@ def test_bad_collection_entries_are_one_error_line(scene_folders, tmp_path, case
             "scene=llff",
             f"scene.path={scene_folders['alpha']}",
         ],
+        "unknown_kind": [folders_override(scene_folders, both, kinds={"alpha": "colmap"})],
+        "no_scene_files": [folders_override({**scene_folders, "beta": tmp_path / "empty"}, both)],
+        "wrong_kind": [folders_override(scene_folders, both, kinds={"alpha": "blender"})],
+        # two folders that resolve to one name (here: a link to alpha, and alpha)
+        "same_name": [folders_override({"alpha": scene_folders["alpha"], "beta": tmp_path / "other" / "alpha"}, both)],
     }[case]
     result = run_in_process(
         "train",
@@ -149,7 +183,193 @@ def test_bad_collection_entries_are_one_error_line(scene_folders, tmp_path, case
         *overrides,
         f"hydra.run.dir={tmp_path / 'run'}",
     )
-    assert_one_error_line(result, fragment)
+    assert_one_error_line(result, *fragments)
+
+
+# ---- real scenes of every kind ---------------------------------------------------------------------------
+
+BLENDER_SIZE = 50  # px: data.synthetic_factor=16 reads the frames as stored
+
+
+def write_blender_scene(folder: Path, counts: dict[str, int] | None = None) -> None:
+    """A NeRF Blender scene of random RGBA frames, its cameras on a ring 4.5 units around the origin
+    looking at it, in the train, val and test splits (`counts` frames each)."""
+    counts = counts or {"train": 6, "val": 2, "test": 3}
+    total = sum(counts.values())
+    angles = torch.linspace(0, 2 * math.pi, total + 1)[:-1].double()
+    centres = torch.stack([4 * angles.cos(), 4 * angles.sin(), torch.full_like(angles, 2.0)], -1)
+    down = torch.tensor([0.0, 0.0, -1.0], dtype=torch.float64)
+    # OpenCV cameras -> Blender's OpenGL axes (the same negation)
+    c2w = opengl_to_opencv(look_at(centres, torch.zeros(3, dtype=torch.float64), down).numpy())
+    rng = np.random.default_rng(0)
+    first = 0
+    for split, count in counts.items():
+        (folder / split).mkdir(parents=True)
+        frames = []
+        for i in range(count):
+            image = rng.integers(0, 256, (BLENDER_SIZE, BLENDER_SIZE, 4), dtype=np.uint8)
+            iio.imwrite(folder / split / f"r_{i}.png", image)
+            frames.append({"file_path": f"./{split}/r_{i}", "transform_matrix": c2w[first + i].tolist()})
+        first += count
+        (folder / f"transforms_{split}.json").write_text(json.dumps({"camera_angle_x": 0.69, "frames": frames}))
+
+
+def write_capture(folder: Path, source: Path) -> None:
+    """The LLFF scene `source` (its images_32/) as a nerfstudio capture: transforms.json with its cameras
+    at full size, and its photos as nerfstudio's downscaled copies (images_32/)."""
+    poses, _ = read_poses_bounds(source / "poses_bounds.npy")
+    c2w = opengl_to_opencv(llff_to_opencv(poses[:, :, :4]))  # OpenCV -> OpenGL axes (the same negation)
+    height, width, focal = (float(v) for v in poses[0, :, 4])
+    (folder / f"images_{FACTOR}").mkdir(parents=True)
+    frames = []
+    for i, photo in enumerate(sorted((source / f"images_{FACTOR}").iterdir())):
+        shutil.copy(photo, folder / f"images_{FACTOR}" / f"frame_{i:05d}.png")
+        frames.append({"file_path": f"images/frame_{i:05d}.png", "transform_matrix": c2w[i].tolist()})
+    document = {
+        "camera_model": "PINHOLE",
+        **{"fl_x": focal, "fl_y": focal, "cx": width / 2, "cy": height / 2, "w": round(width), "h": round(height)},
+        "frames": frames,
+    }
+    (folder / "transforms.json").write_text(json.dumps(document))
+
+
+@pytest.fixture(scope="module")
+def kind_folders(scene_folders, tmp_path_factory) -> dict[str, Path]:
+    """A folder of each real kind: `toy` (NeRF Blender, 6 + 2 + 3 frames), `capture` (transforms.json:
+    the demo scene's 20 views) and `alpha` (LLFF)."""
+    root = tmp_path_factory.mktemp("kinds")
+    write_blender_scene(root / "toy")
+    write_capture(root / "capture", scene_folders["alpha"])
+    return {"toy": root / "toy", "capture": root / "capture", "alpha": scene_folders["alpha"]}
+
+
+def test_auto_tells_each_kind_from_its_files(kind_folders, tmp_path):
+    """`kind` left out is auto: a Blender scene (all of its splits: every frame a training view), a
+    transforms.json capture and an LLFF folder (every view a training view); a folder holding several
+    kinds' files is the first of transforms_train.json, transforms.json, poses_bounds.npy."""
+    weights = {"toy": 1.0, "capture": 1.0, "alpha": 1.0}
+    settings = read_run_settings(collection_config(kind_folders, "data.synthetic_factor=16", weights=weights))
+    assert settings.collection is not None and {f.kind for f in settings.collection.folders} == {"auto"}
+    groups = collection_groups(settings.collection, Path("/"))
+    assert [(g.scenes[0].name, g.scenes[0].kind) for g in groups] == [
+        ("toy", "blender"),
+        ("capture", "transforms"),
+        ("alpha", "llff"),
+    ]
+    scenes = TrainingScenes(groups, settings.data)
+    toy, capture, alpha = (scenes.scene(group.scenes[0]) for group in groups)
+    assert toy.resolution == (BLENDER_SIZE, BLENDER_SIZE) and toy.test_ids == []
+    assert toy.train_ids == list(range(11)) and [toy.image_names[i] for i in (0, 6, 8)] == [
+        "train/r_0.png",
+        "val/r_0.png",
+        "test/r_0.png",
+    ]
+    assert capture.resolution == alpha.resolution == (94, 126)
+    assert capture.train_ids == alpha.train_ids == list(range(20)) and capture.test_ids == alpha.test_ids == []
+    assert torch.equal(capture.images, alpha.images)
+
+    def detected(folder: Path) -> str:
+        entry = CollectionFolder(path=str(folder), kind="auto", rig="auto", weight=1.0)
+        return collection_groups(CollectionSettings("kinds", (entry,), None), Path("/"))[0].scenes[0].kind
+
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "poses_bounds.npy").touch()
+    assert detected(mixed) == "llff"
+    (mixed / "transforms.json").touch()
+    assert detected(mixed) == "transforms"
+    (mixed / "transforms_train.json").touch()
+    assert detected(mixed) == "blender"
+
+
+def test_blender_and_transforms_scenes_train_in_a_collection(kind_folders, tmp_path):
+    """A tiny pretraining run over a NeRF Blender scene and a transforms.json capture (kinds given),
+    validated and tested on the held-out demo scene: both are drawn, and the run's record names them."""
+    cfg = collection_config(
+        kind_folders,
+        "data.synthetic_factor=16",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        weights={"toy": 1.0, "capture": 1.0},
+        kinds={"toy": "blender", "capture": "transforms"},
+    )
+    settings = read_run_settings(cfg)
+    assert settings.collection is not None
+    scenes = TrainingScenes(collection_groups(settings.collection, Path("/")), settings.data)
+    drawn = [scenes.draw_scene(np.random.default_rng([settings.seed, 0, step])).name for step in range(4)]
+    assert set(drawn) == {"toy", "capture"}
+    document = train_in_process(cfg, tmp_path)
+    assert document is not None and document["global_step"] == 4 and document["mode"] == "zero-shot"
+    assert document["training_scenes"] == ["toy", "capture"] and math.isfinite(document["mean"]["psnr"])
+
+
+# The scenes the first 20 steps of experiment=pretrain (collection cpu_mix, seed 0, rank 0) draw, as drawn
+# before collection folders had kinds.
+CPU_MIX_DRAWS = [
+    "dtu_scan24",
+    "ollie",
+    "dtu_scan24",
+    "procedural-0-0037",
+    "procedural-0-0031",
+    "procedural-0-0005",
+    "dtu_scan24",
+    "fortress",
+    "fortress",
+    "procedural-0-0026",
+    "ollie",
+    "dtu_scan24",
+    "procedural-0-0037",
+    "fortress",
+    "ollie",
+    "procedural-0-0012",
+    "fortress",
+    "room",
+    "procedural-0-0005",
+    "procedural-0-0018",
+]
+
+
+def test_existing_collections_draw_and_load_as_before(llff_root):
+    """cpu_mix (the shipped checkpoints' recipe; its folders have no `kind`: auto, all LLFF) draws the
+    same scenes as before and loads them as before; the generated collections list the same scenes."""
+    settings = read_run_settings(compose_config("experiment=pretrain", f"data.root={llff_root}"))
+    assert settings.collection is not None and settings.collection.name == "cpu_mix"
+    assert [folder.kind for folder in settings.collection.folders] == ["auto"] * 5
+    groups = collection_groups(settings.collection, llff_root)
+    assert [(g.scenes[0].name, g.scenes[0].kind, g.scenes[0].rig) for g in groups[:5]] == [
+        ("fortress", "llff", "forward"),
+        ("room", "llff", "forward"),
+        ("canclip", "llff", "forward"),
+        ("ollie", "llff", "forward"),
+        ("dtu_scan24", "llff", "object"),
+    ]
+    assert len(groups) == 6 and len(groups[5].scenes) == 40 and {s.kind for s in groups[5].scenes} == {"llff"}
+    scenes = TrainingScenes(groups, settings.data)
+    assert [scenes.draw_scene(np.random.default_rng([0, 0, step])).name for step in range(20)] == CPU_MIX_DRAWS
+    item = groups[4].scenes[0]
+    loaded = item.load(settings.data)
+    before = load_llff_scene(item.path, factor=8, llffhold=0, name="dtu_scan24", rig="object")
+    assert torch.equal(loaded.images, before.images) and torch.equal(loaded.cameras.c2w, before.cameras.c2w)
+    assert loaded.train_ids == before.train_ids == list(range(49)) and loaded.test_ids == []
+    for name, count in (("procedural10", 10), ("procedural100", 100)):
+        collection = read_run_settings(compose_config(f"collection={name}")).collection
+        assert collection is not None
+        names = [s.name for g in collection_groups(collection, llff_root) for s in g.scenes]
+        assert names == [f"procedural-0-{i:04d}" for i in range(count)]
+
+
+def test_real_all_holds_every_real_scene_but_fern_and_room(llff_root):
+    """collection=real_all: fortress, the 13 captures, lego and chair (Blender) and cpu_mix's generated
+    family; fern and room, the held-out scenes, are not in it. Every folder is where it says, of its kind."""
+    settings = read_run_settings(compose_config("experiment=pretrain", "collection=real_all", f"data.root={llff_root}"))
+    assert settings.collection is not None
+    groups = collection_groups(settings.collection, data_root(settings.data))
+    real = {g.scenes[0].name: g.scenes[0].kind for g in groups if len(g.scenes) == 1}
+    assert len(real) == 16 and "fern" not in real and "room" not in real
+    assert {name for name, kind in real.items() if kind == "blender"} == {"lego", "chair"}
+    assert {"fortress", "canclip", "ollie", "dtu_scan24", "dtu_scan65", "bird_figurine"} <= set(real)
+    family = settings.collection.procedural
+    assert family is not None and (family.seed, family.count, family.weight) == (0, 40, 2.0)
 
 
 RESUME_OVERRIDES = ["seed=3", "trainer.max_steps=6", "trainer.val_check_interval=3"]

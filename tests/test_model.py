@@ -30,6 +30,7 @@ TINY_ENCODER = EncoderSettings(
     backbone="none",
     backbone_weights=None,
     backbone_trainable_layers=0,
+    feature_cache_mb=0,
 )
 # GNT's encoder (conf/model/gnt.yaml)
 FULL_ENCODER = EncoderSettings(
@@ -39,6 +40,7 @@ FULL_ENCODER = EncoderSettings(
     backbone="none",
     backbone_weights=None,
     backbone_trainable_layers=0,
+    feature_cache_mb=0,
 )
 
 

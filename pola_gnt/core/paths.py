@@ -61,17 +61,12 @@ def pretrained_dir() -> Path:
     return Path(__file__).resolve().parents[1] / "pretrained"
 
 
-def lpips_env_weights_path(net: str, nets: tuple[str, ...] = ("alex", "vgg")) -> Path | None:
-    """The npz for LPIPS-`net` named by `$POLA_GNT_LPIPS_WEIGHTS`, or None.
-
-    The variable may name a folder holding `<net>_v0.1.npz` files, or one npz file. A file named
-    for another network of `nets` (`alex_...` when VGG is asked for) stands for its folder: the
-    sibling `<net>_v0.1.npz` is used if it exists, so one setting serves both networks.
-    """
-    env = os.environ.get(LPIPS_WEIGHTS_ENV, "")
-    if not env:
-        return None
-    path = Path(env).expanduser()
+def lpips_weights_in(setting: str | Path, net: str, nets: tuple[str, ...] = ("alex", "vgg")) -> Path | None:
+    """The npz for LPIPS-`net` that `setting` names, or None: a folder holding `<net>_v0.1.npz`
+    files, or one npz file. A file named for another network of `nets` (`alex_...` when VGG is
+    asked for) stands for its folder: the sibling `<net>_v0.1.npz` is used if it exists, so one
+    setting serves both networks."""
+    path = Path(setting).expanduser()
     if path.is_dir():
         candidate = path / f"{net}_v0.1.npz"
         return candidate if candidate.is_file() else None
@@ -79,3 +74,10 @@ def lpips_env_weights_path(net: str, nets: tuple[str, ...] = ("alex", "vgg")) ->
         sibling = path.with_name(f"{net}_v0.1.npz")
         return sibling if sibling.is_file() else None
     return path
+
+
+def lpips_env_weights_path(net: str, nets: tuple[str, ...] = ("alex", "vgg")) -> Path | None:
+    """The npz for LPIPS-`net` named by `$POLA_GNT_LPIPS_WEIGHTS` (as `lpips_weights_in` reads a
+    setting), or None."""
+    env = os.environ.get(LPIPS_WEIGHTS_ENV, "")
+    return lpips_weights_in(env, net, nets) if env else None

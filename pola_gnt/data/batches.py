@@ -25,6 +25,9 @@ class SourceBatch:
     images: Float[Tensor, "views 3 height width"]  # in [0, 1]
     c2w: Float[Tensor, "views 4 4"]  # OpenCV camera-to-world
     intrinsics: Float[Tensor, "views 3 3"]  # for the images' (height, width), crop included
+    # Per view, what names its pixels, (scene folder, factor, view, image file), by which training keeps
+    # the frozen part of an AlexNet encoder's output (model.feature_cache); None: unnamed (a crop), never kept.
+    image_keys: tuple[tuple[str, int, int, str], ...] | None = None
 
 
 @dataclass

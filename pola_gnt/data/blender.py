@@ -5,8 +5,10 @@ Read as NeRF and GNT read them (GNT: gnt/data_loaders/nerf_synthetic.py): the fo
 camera axes turned into OpenCV's, world units as stored (GNT does not normalise these scenes: the
 cameras sit 4 units from the object) and GNT's fixed near / far, 2 and 6. Training views are the
 train split, test views the test split (`data.test_views` picks an evenly spaced subset); the val
-split is not read (GNT trains and tests without it). The cameras look at the object from all around:
-the rig is object-centric, source views are the nearest viewing directions (GNT's rule for them).
+split is not read (GNT trains and tests without it), except by a training collection, which reads
+every split and trains on all of their frames (`ALL_SPLITS`). The cameras look at the object from
+all around: the rig is object-centric, source views are the nearest viewing directions (GNT's rule
+for them).
 
 Size: `data.synthetic_factor` F reads the frames at NeRF's 800 px / F. A copy stored smaller (the
 project's 400 px lego) is read as stored when that is the size asked for, never halved again; a
@@ -31,14 +33,21 @@ from pola_gnt.geometry.cameras import Cameras
 BLENDER_SCENES = ("chair", "drums", "ficus", "hotdog", "lego", "materials", "mic", "ship")
 FULL_WIDTH = 800  # NeRF's synthetic frames are 800 x 800
 NEAR_FAR = (2.0, 6.0)  # GNT's depth range for these scenes (nerf_synthetic.py)
-SPLITS = ("train", "test")
+SPLITS = ("train", "test")  # a one-scene run's: GNT's
+ALL_SPLITS = ("train", "val", "test")  # a training collection's: every frame is a training view
 
 
 def load_blender_scene(
-    path: str | Path, factor: int = 2, test_views: int | None = None, name: str | None = None, rig: str = "object"
+    path: str | Path,
+    factor: int = 2,
+    test_views: int | None = None,
+    name: str | None = None,
+    rig: str = "object",
+    splits: tuple[str, ...] = SPLITS,
 ) -> Scene:
-    """A NeRF synthetic scene folder -> `Scene` (frames at `FULL_WIDTH / factor` px; test views: the
-    test split, or `test_views` of them evenly spaced). Bad files raise `UserError` naming the file."""
+    """A NeRF synthetic scene folder -> `Scene` (frames at `FULL_WIDTH / factor` px). Reads `splits`
+    in order, train first: training views are the train split's frames, test views the others' (the
+    test split's: all, or `test_views` of them evenly spaced). Bad files raise `UserError` naming the file."""
     folder = Path(path)
     if not folder.is_dir():
         raise UserError(
@@ -47,7 +56,7 @@ def load_blender_scene(
         )
     names, images, c2w, focals = [], [], [], []
     train_count = 0
-    for split in SPLITS:
+    for split in splits:
         file = folder / f"transforms_{split}.json"
         document = read_json(file)
         frames = document["frames"]

@@ -29,12 +29,13 @@ from pola_gnt.geometry.rays import pixel_coordinates, pixel_rays
 
 
 def source_batch(scene: Scene, source_ids: list[int]) -> SourceBatch:
-    """Source images `[views, 3, H, W]` with their cameras."""
+    """Source images `[views, 3, H, W]` with their cameras, each named by its scene, factor and view."""
     return SourceBatch(
         ids=torch.tensor(source_ids),
         images=scene.images[source_ids].permute(0, 3, 1, 2).contiguous(),
         c2w=scene.cameras.c2w[source_ids],
         intrinsics=scene.cameras.intrinsics[source_ids],
+        image_keys=tuple((str(scene.path), scene.factor, int(i), scene.image_names[i]) for i in source_ids),
     )
 
 
@@ -139,7 +140,7 @@ def crop_views(
     source_intrinsics[:, :2, 2] -= shift
     images = sources.images[:, :, top : top + crop_h, left : left + crop_w].contiguous()
     return (
-        replace(sources, images=images, intrinsics=source_intrinsics),
+        replace(sources, images=images, intrinsics=source_intrinsics, image_keys=None),  # a crop: unnamed
         intrinsics,
         image[top : top + crop_h, left : left + crop_w],
     )

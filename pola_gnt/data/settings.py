@@ -20,9 +20,11 @@ class SceneSettings:
 
 @dataclass(frozen=True)
 class CollectionFolder:
-    """One scene folder of a collection (LLFF layout); the scene's name is the folder's name."""
+    """One real scene of a collection: an LLFF folder, a NeRF Blender scene or a transforms.json
+    capture (`kind`); the scene's name is the folder's name."""
 
     path: str  # absolute, or relative to data.root
+    kind: str  # auto (from the folder's files) | llff | blender | transforms: pola_gnt.data.collection.FOLDER_KINDS
     rig: str
     weight: float  # relative share of the training steps
 

@@ -4,13 +4,20 @@ The convolutions are read once, at construction, from the LPIPS weights file `al
 (`features.0` ... `features.10`: weights and biases of the five convs) and registered as parameters,
 so a checkpoint holds them. The last `backbone_trainable_layers` convs train; the others are frozen
 (requires_grad False, left out of the optimiser) and the frozen part runs without gradients.
+`forward` is `frozen_part` then `trainable_part`, so training can keep a source image's frozen
+outputs and skip the frozen convs the next time it is a source (`model.feature_cache`).
 
     input [views, 3, H, W] in [0, 1], ImageNet-normalised
       conv1 11x11/4 pad 2, relu            -> 64 ch  ~H/4     (taken)
       maxpool 3/2, conv2 5x5 pad 2, relu   -> 192 ch ~H/8     (taken)
       maxpool 3/2, conv3..conv5 3x3, relus -> 256 ch ~H/16    (conv3 and conv5 taken)
-      the taken maps resized to ceil(H/4) x ceil(W/4), concatenated
-      head: 3x3 conv -> relu -> 1x1 conv   -> [views, feature_channels, ceil(H/4), ceil(W/4)]
+      each taken map: a 1x1 conv to 64 ch at its own size, resized to ceil(H/4) x ceil(W/4), summed
+      head: relu -> 3x3 conv -> relu -> 1x1 conv -> [views, feature_channels, ceil(H/4), ceil(W/4)]
+
+The sum of 1x1 convs of the resized maps is a 1x1 conv of their concatenation (bilinear resizing is
+linear and its weights sum to 1), computed before the resizing: the 896 concatenated channels never
+exist at 1/4 size (a 3x3 conv over them there was 12.5 GFLOP forward for 4 fern sources at
+encoder_input_scale 0.5, most of an AlexNet step).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from pola_gnt.core.errors import UserError
-from pola_gnt.core.paths import lpips_env_weights_path
+from pola_gnt.core.paths import LPIPS_WEIGHTS_ENV, lpips_env_weights_path, lpips_weights_in
 from pola_gnt.model.settings import EncoderSettings
 
 # torchvision's AlexNet `features` convolutions: (index, in, out, kernel, stride, padding)
@@ -60,27 +67,39 @@ def weights_from_checkpoint() -> Iterator[None]:
         _from_checkpoint = previous
 
 
-def alexnet_weights_path(setting: str | None) -> Path:
-    """The npz named by `backbone_weights` (a file, or a folder holding alex_v0.1.npz) or, when it
-    is None, by `$POLA_GNT_LPIPS_WEIGHTS` (as the LPIPS weights are found)."""
-    if setting is None:
-        path = lpips_env_weights_path("alex")
-        if path is None:
-            raise UserError(f"{WEIGHTS_KEY}: null and $POLA_GNT_LPIPS_WEIGHTS names no alex_v0.1.npz; set either")
-        return path
-    path = Path(setting).expanduser()
-    return path / "alex_v0.1.npz" if path.is_dir() else path
+def alexnet_weights_path(setting: str | None, lpips_weights: str | None = None) -> tuple[Path, str]:
+    """The npz to read and where it was named (for messages): `backbone_weights` (a file, or a
+    folder holding alex_v0.1.npz) or, when it is None, the AlexNet LPIPS weights as the LPIPS metric
+    finds them: the run's `metrics.lpips_weights` (`lpips_weights`; a VGG file stands for its
+    folder's alex_v0.1.npz), then `$POLA_GNT_LPIPS_WEIGHTS`. None of them: one UserError line."""
+    if setting is not None:
+        path = Path(setting).expanduser()
+        return (path / "alex_v0.1.npz" if path.is_dir() else path), ""
+    if lpips_weights:
+        path = lpips_weights_in(lpips_weights, "alex")
+        if path is not None:
+            return path, "metrics.lpips_weights"
+    path = lpips_env_weights_path("alex")
+    if path is not None:
+        return path, f"${LPIPS_WEIGHTS_ENV}"
+    raise UserError(
+        f"{WEIGHTS_KEY}: null, and neither metrics.lpips_weights nor ${LPIPS_WEIGHTS_ENV} names an "
+        f"alex_v0.1.npz; set one"
+    )
 
 
-def read_alexnet_convs(path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The five convs' (weight, bias) of an LPIPS npz, checked; one UserError line when wrong."""
+def read_alexnet_convs(path: Path, origin: str = "") -> list[tuple[np.ndarray, np.ndarray]]:
+    """The five convs' (weight, bias) of an LPIPS npz (named by `origin`, when not backbone_weights
+    itself), checked; one UserError line when wrong."""
+    source = f"{path} (from {origin})" if origin else str(path)
     if not path.is_file():
-        raise UserError(f"{WEIGHTS_KEY}: {path}: no such file")
+        raise UserError(f"{WEIGHTS_KEY}: {source}: no such file")
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
     except Exception as err:
-        raise UserError(f"{WEIGHTS_KEY}: {path}: not a readable npz file ({err})") from None
+        reason = " ".join(str(err).split())
+        raise UserError(f"{WEIGHTS_KEY}: {source}: not a readable npz file ({reason})") from None
     convs = []
     for index, c_in, c_out, kernel, _, _ in ALEXNET_CONVS:
         expected = {"weight": (c_out, c_in, kernel, kernel), "bias": (c_out,)}
@@ -88,9 +107,11 @@ def read_alexnet_convs(path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
         for kind, shape in expected.items():
             key = next((k for k in arrays if k.endswith(f"features.{index}.{kind}")), None)
             if key is None:
-                raise UserError(f"{WEIGHTS_KEY}: {path}: no AlexNet features.{index}.{kind} array")
+                raise UserError(f"{WEIGHTS_KEY}: {source}: no AlexNet features.{index}.{kind} array")
             if tuple(arrays[key].shape) != shape:
-                raise UserError(f"{WEIGHTS_KEY}: {path}: {key} has shape {tuple(arrays[key].shape)}, expected {shape}")
+                raise UserError(
+                    f"{WEIGHTS_KEY}: {source}: {key} has shape {tuple(arrays[key].shape)}, expected {shape}"
+                )
             pair.append(arrays[key].astype(np.float32))
         convs.append((pair[0], pair[1]))
     return convs
@@ -102,7 +123,8 @@ class AlexNetEncoder(nn.Module):
     mean: Tensor  # ImageNet normalisation, [1, 3, 1, 1] buffers (not in the state dict)
     std: Tensor
 
-    def __init__(self, settings: EncoderSettings):
+    def __init__(self, settings: EncoderSettings, lpips_weights: str | None = None):
+        """`lpips_weights`: the run's `metrics.lpips_weights`, where a null `backbone_weights` looks first."""
         super().__init__()
         self.feature_channels = settings.feature_channels
         if _from_checkpoint:  # placeholders of the right shapes: the checkpoint's weights replace them
@@ -111,7 +133,7 @@ class AlexNetEncoder(nn.Module):
                 for _, c_in, c_out, kernel, _, _ in ALEXNET_CONVS
             ]
         else:
-            convs = read_alexnet_convs(alexnet_weights_path(settings.backbone_weights))
+            convs = read_alexnet_convs(*alexnet_weights_path(settings.backbone_weights, lpips_weights))
         self.convs = nn.ModuleList()
         for (_, c_in, c_out, kernel, stride, padding), (weight, bias) in zip(ALEXNET_CONVS, convs, strict=True):
             conv = nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=padding)
@@ -123,27 +145,80 @@ class AlexNetEncoder(nn.Module):
             conv.requires_grad_(False)
         self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
-        taken = sum(ALEXNET_CONVS[i][2] for i in TAKEN)
+        # One 1x1 conv per taken stage (the bias once, on the first): together a 1x1 conv of the concatenation.
+        self.reduce = nn.ModuleList(
+            nn.Conv2d(ALEXNET_CONVS[i][2], HEAD_CHANNELS, 1, bias=j == 0) for j, i in enumerate(TAKEN)
+        )
         self.head = nn.Sequential(
-            nn.Conv2d(taken, HEAD_CHANNELS, 3, padding=1, padding_mode="reflect"),
+            nn.ReLU(),
+            nn.Conv2d(HEAD_CHANNELS, HEAD_CHANNELS, 3, padding=1, padding_mode="reflect"),
             nn.ReLU(inplace=True),
             nn.Conv2d(HEAD_CHANNELS, self.feature_channels, 1),
         )
 
     def stages(self, x: Tensor) -> list[Tensor]:
-        """The relu outputs of the five convs (AlexNet's `features` up to its last relu)."""
+        """The relu outputs of the five convs (AlexNet's `features` up to its last relu) of the
+        normalised images `x`."""
         outs = []
-        for i, conv in enumerate(self.convs):
-            if i in (1, 2):
-                x = F.max_pool2d(x, 3, 2)
-            with torch.set_grad_enabled(torch.is_grad_enabled() and i >= self.n_frozen):
-                x = F.relu(conv(x))
-            outs.append(x)
+        for i in range(len(self.convs)):
+            outs.append(self._stage(i, outs[-1] if outs else x))
         return outs
 
-    def forward(self, images: Float[Tensor, "views 3 h w"]) -> Float[Tensor, "views channels fh fw"]:
-        size = (math.ceil(images.shape[-2] / 4), math.ceil(images.shape[-1] / 4))
+    def _stage(self, i: int, x: Tensor) -> Tensor:
+        """Conv `i` (after its max-pool) and relu; without gradients when frozen."""
+        if i in (1, 2):
+            x = F.max_pool2d(x, 3, 2)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and i >= self.n_frozen):
+            return F.relu(self.convs[i](x))
+
+    @property
+    def kept_stages(self) -> tuple[int, ...]:
+        """The frozen stages whose outputs the trainable part reads: the taken ones, and the last
+        frozen one (the input of the first trainable conv). Empty when no conv is frozen."""
+        last = self.n_frozen - 1
+        return tuple(i for i in range(self.n_frozen) if i in TAKEN or i == last)
+
+    def frozen_part(self, images: Float[Tensor, "views 3 h w"]) -> list[Tensor]:
+        """What `trainable_part` reads of `images` (in [0, 1], as `forward` takes them): the outputs of
+        `kept_stages`, computed without gradients; with no frozen conv, the normalised images."""
+        if not self.n_frozen:
+            return [(images - self.mean) / self.std]
+        return [torch.cat(maps) for maps in zip(*self.frozen_outputs(images), strict=True)]
+
+    def frozen_outputs(self, images: Float[Tensor, "views 3 h w"]) -> list[list[Tensor]]:
+        """Per image, the outputs of `kept_stages` (each `[1, C, h, w]`), computed without gradients.
+
+        The frozen convs run image by image, so that an image's outputs do not depend on the batch it
+        came in: CPU convolutions choose their algorithm by batch size, and the last bits with it. An
+        image's outputs kept from one step (`model.feature_cache`) are then a fresh encode's exactly."""
         x = (images - self.mean) / self.std
-        outs = self.stages(x)
-        maps = [F.interpolate(outs[i], size=size, mode="bilinear", align_corners=False) for i in TAKEN]
-        return self.head(torch.cat(maps, dim=1))
+        kept_stages, per_image = self.kept_stages, []
+        with torch.no_grad():
+            for view in range(len(x)):
+                image, kept = x[view : view + 1], []
+                for i in range(self.n_frozen):
+                    image = self._stage(i, image)
+                    if i in kept_stages:
+                        kept.append(image)
+                per_image.append(kept)
+        return per_image
+
+    def trainable_part(self, kept: list[Tensor], size: tuple[int, int]) -> Tensor:
+        """The trainable convs and the head from `frozen_part`'s outputs, to feature maps of `size`."""
+        outs = dict(zip(self.kept_stages, kept, strict=True)) if self.n_frozen else {}
+        x = kept[-1]
+        for i in range(self.n_frozen, len(self.convs)):
+            x = outs[i] = self._stage(i, x)
+        reduced = [
+            F.interpolate(reduce(outs[i]), size=size, mode="bilinear", align_corners=False)
+            for reduce, i in zip(self.reduce, TAKEN, strict=True)
+        ]
+        return self.head(torch.stack(reduced).sum(dim=0))
+
+    @staticmethod
+    def feature_size(images: Tensor) -> tuple[int, int]:
+        """The feature maps' size for `images` `[..., H, W]`: ceil(H / 4) x ceil(W / 4)."""
+        return math.ceil(images.shape[-2] / 4), math.ceil(images.shape[-1] / 4)
+
+    def forward(self, images: Float[Tensor, "views 3 h w"]) -> Float[Tensor, "views channels fh fw"]:
+        return self.trainable_part(self.frozen_part(images), self.feature_size(images))

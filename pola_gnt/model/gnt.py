@@ -307,7 +307,9 @@ class PooledReadout(nn.Module):
 class GNT(nn.Module):
     """Generalizable NeRF Transformer with selectable view / ray attention (see module docstring)."""
 
-    def __init__(self, settings: NetSettings):
+    def __init__(self, settings: NetSettings, lpips_weights: str | None = None):
+        """`lpips_weights`: the run's `metrics.lpips_weights`, where an AlexNet encoder with a null
+        `backbone_weights` looks for its npz first (`model.backbone.alexnet_weights_path`)."""
         super().__init__()
         self.settings = settings
         n_freqs, width = settings.n_freqs, settings.width
@@ -316,7 +318,7 @@ class GNT(nn.Module):
         self.gnt_compatible = settings.gnt_compatible
         self.encoder: ImageEncoder | AlexNetEncoder
         if settings.encoder.backbone == "alexnet":
-            self.encoder = AlexNetEncoder(settings.encoder)
+            self.encoder = AlexNetEncoder(settings.encoder, lpips_weights)
         else:
             self.encoder = ImageEncoder(settings.encoder, gnt_compatible=self.gnt_compatible)
         position_dim = 2 * 3 * (1 + 2 * n_freqs)  # codes of the 3D point and the unit ray direction
@@ -342,17 +344,21 @@ class GNT(nn.Module):
                 block.view_block.attention.zero_unseen_points = False
         self.readout = PooledReadout(width, settings.readout_consistency_prior, settings.readout_source_colour)
 
+    def encoder_input(self, images: Float[Tensor, "views 3 height width"]) -> Float[Tensor, "views 3 h w"]:
+        """The source images as the encoder sees them: at `encoder_input_scale` of their size."""
+        if self.encoder_input_scale == 1.0:
+            return images
+        return F.interpolate(
+            images,
+            scale_factor=self.encoder_input_scale,
+            mode="bilinear",
+            align_corners=False,
+            antialias=True,
+        )
+
     def encode(self, images: Float[Tensor, "views 3 height width"]) -> Float[Tensor, "views channels h w"]:
         """Source images `[views, 3, H, W]` in [0, 1] -> feature maps `[views, C, h, w]`."""
-        if self.encoder_input_scale != 1.0:
-            images = F.interpolate(
-                images,
-                scale_factor=self.encoder_input_scale,
-                mode="bilinear",
-                align_corners=False,
-                antialias=True,
-            )
-        return self.encoder(images)
+        return self.encoder(self.encoder_input(images))
 
     def source_views(
         self,

@@ -24,6 +24,9 @@ class EncoderSettings:
     backbone: str  # one of BACKBONES: none (the ResNet-style encoder) | alexnet (model.backbone)
     backbone_weights: str | None  # alex_v0.1.npz (file or folder); None: $POLA_GNT_LPIPS_WEIGHTS
     backbone_trainable_layers: int  # 0..5: the last n AlexNet convolutions train, the rest frozen
+    # Training keeps the frozen AlexNet convs' outputs of each source image up to this many MB (0: off;
+    # model.feature_cache). The machine's setting, not the network's (runs.config.stored.COMMAND_SECTIONS).
+    feature_cache_mb: int
 
     @property
     def min_input_side(self) -> int:

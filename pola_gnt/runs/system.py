@@ -26,6 +26,8 @@ from pola_gnt.evaluation.scoring import (
     protocol_stride,
     write_results,
 )
+from pola_gnt.model.backbone import AlexNetEncoder
+from pola_gnt.model.feature_cache import FrozenFeatureCache
 from pola_gnt.model.gnt import GNT, RayOutput, SourceViews
 from pola_gnt.model.inference import (
     FastRenderNetwork,
@@ -57,7 +59,12 @@ class GNTSystem(pl.LightningModule):
         self.save_hyperparameters({"config": config})
         self.settings = settings
         self.config = config
-        self.net = GNT(settings.model.net)
+        self.net = GNT(settings.model.net, settings.metrics.lpips_weights)
+        # Training's cache of the frozen AlexNet convs' outputs per source image (None: nothing to
+        # cache, or off); a plain attribute, so in no state dict or checkpoint.
+        cache_mb = settings.model.net.encoder.feature_cache_mb
+        frozen = isinstance(self.net.encoder, AlexNetEncoder) and self.net.encoder.n_frozen > 0
+        self.feature_cache = FrozenFeatureCache(cache_mb) if frozen and cache_mb > 0 else None
         self.sampler = DepthSampler(settings.render.n_samples)
         if settings.model.compile:
             # In place: the parameter names, and so the checkpoints, stay those of the eager network.
@@ -106,7 +113,20 @@ class GNTSystem(pl.LightningModule):
     # ---- training --------------------------------------------------------------------------
 
     def encode_sources(self, sources: SourceBatch) -> SourceViews:
-        return self.net.source_views(sources.images, sources.c2w, sources.intrinsics)
+        """The sources encoded: in a training step through the feature cache (when there is one; it
+        encodes afresh wherever it does not apply: validation, no gradients, unnamed images)."""
+        if self.feature_cache is None:
+            return self.net.source_views(sources.images, sources.c2w, sources.intrinsics)
+        features = self.feature_cache.encode(self.net, sources.images, sources.image_keys)
+        return SourceViews(images=sources.images, features=features, c2w=sources.c2w, intrinsics=sources.intrinsics)
+
+    def on_train_start(self) -> None:
+        if self.feature_cache is not None:  # the frozen weights are the ones loaded by now
+            self.feature_cache.clear()
+
+    def on_train_end(self) -> None:
+        if self.feature_cache is not None:  # its memory back for the test phase
+            self.feature_cache.clear()
 
     def render_batch(self, batch: RayBatch) -> RayOutput:
         depths = self.sampler(batch.rays, batch.depth_range, batch.sample_seed)

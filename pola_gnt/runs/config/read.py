@@ -19,6 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from pola_gnt.attention.registry import RAY_ATTENTIONS, VIEW_ATTENTIONS
 from pola_gnt.core.errors import UserError, check_bool, check_choice, check_int, check_number, is_int
+from pola_gnt.data.collection import FOLDER_KINDS
 from pola_gnt.data.colmap import CAMERA_MODELS, CAMERA_MODES, MATCHING
 from pola_gnt.data.sampling import CROP_PLACEMENTS, crop_offsets
 from pola_gnt.data.scene import Scene
@@ -180,19 +181,29 @@ def _collection(r: ConfigReader) -> CollectionSettings | None:
     c = r.section("collection")
     folders = c.value("folders")
     if not isinstance(folders, list):
-        raise UserError(f"{c.key('folders')}: must be a list of {{path, rig, weight}} (or []), got {folders!r}")
+        raise UserError(f"{c.key('folders')}: must be a list of {{path, kind, rig, weight}} (or []), got {folders!r}")
     entries = []
     for i, folder in enumerate(folders):
         key = f"{c.key('folders')}[{i}]"
         if not isinstance(folder, dict):
-            raise UserError(f"{key}: must be {{path: DIR, rig: auto|forward|object, weight: W}}, got {folder!r}")
+            raise UserError(
+                f"{key}: must be {{path: DIR, kind: {'|'.join(FOLDER_KINDS)}, rig: auto|forward|object, weight: W}}, "
+                f"got {folder!r}"
+            )
         entry = ConfigReader(folder, key)
         path = entry.text("path", "a scene folder (absolute, or relative to data.root)")
         if not path:
             raise UserError(f"{entry.key('path')}: must be a scene folder (absolute, or relative to data.root)")
+        # The one key a config may leave out: `kind` came after the collections of the shipped checkpoints
+        # (their stored configs and conf/collection/cpu_mix.yaml, kept as they were trained), whose
+        # folders are all LLFF; `auto` finds that from their files. Collections written since say `kind`.
+        kind = entry.choice("kind", FOLDER_KINDS) if "kind" in folder else "auto"
         entries.append(
             CollectionFolder(
-                path=path, rig=entry.choice("rig", RIG_CHOICES), weight=entry.number("weight", 0, None, low_open=False)
+                path=path,
+                kind=kind,
+                rig=entry.choice("rig", RIG_CHOICES),
+                weight=entry.number("weight", 0, None, low_open=False),
             )
         )
         entry.check_all_read()
@@ -322,6 +333,7 @@ def _encoder(r: ConfigReader) -> EncoderSettings:
         backbone=r.choice("backbone", BACKBONES),
         backbone_weights=r.text("backbone_weights", what="a path to alex_v0.1.npz or its folder", nullable=True),
         backbone_trainable_layers=r.int("backbone_trainable_layers", 0, 5),
+        feature_cache_mb=r.int("feature_cache_mb", minimum=0, why="0: no cache"),
     )
 
 

@@ -76,11 +76,18 @@ def stored_run_config(checkpoint: dict, path: Path) -> DictConfig:
 # Network keys that shape training only, not the weights: a checkpoint evaluates, resumes and fine-tunes
 # under another value.
 TRAINING_ONLY_NET_KEYS = ("dropout",)
+# Keys under model.net that are the machine's (COMMAND_SECTIONS), not the network's: never compared.
+MACHINE_NET_KEYS = ("encoder.feature_cache_mb",)
 
 
 def _network(node) -> dict:
     ignored = (*IGNORED_KEYS, *TRAINING_ONLY_NET_KEYS)
-    return {k: v for k, v in container_dict(node).items() if k not in ignored}
+    network = {k: v for k, v in container_dict(node).items() if k not in ignored}
+    for key in MACHINE_NET_KEYS:
+        section, _, leaf = key.rpartition(".")
+        if isinstance(network.get(section), dict):
+            network[section] = {k: v for k, v in network[section].items() if k != leaf}
+    return network
 
 
 def check_compatible(path: Path, cfg: DictConfig, stored: DictConfig) -> DictConfig:
@@ -108,6 +115,7 @@ COMMAND_SECTIONS = (
     "render.chunk_rays",
     "render.max_memory_mb",
     "render.precision",
+    *(f"model.net.{key}" for key in MACHINE_NET_KEYS),
 )
 
 
@@ -213,9 +221,9 @@ def run_config_with_overrides(
       as setting every key its file sets;
     - `model=NAME` must name the checkpoint's model and `model.net.*` keys must equal the
       checkpoint's: a network cannot change after training (UserError naming what differs);
-    - `trainer`, `video`, `view`, `analyze`, `ckpt_path` and the render keys of the machine
-      (`render.chunk_rays`, `render.max_memory_mb`, `render.precision`) always come from `cfg`
-      (`COMMAND_SECTIONS`).
+    - `trainer`, `video`, `view`, `analyze`, `ckpt_path`, the render keys of the machine
+      (`render.chunk_rays`, `render.max_memory_mb`, `render.precision`) and the training cache's
+      size (`model.net.encoder.feature_cache_mb`) always come from `cfg` (`COMMAND_SECTIONS`).
     Keys the checkpoint lacks (added to the project after it was saved) take `cfg`'s defaults.
     """
     chosen, keys = command_line_keys(overrides, config_dir)
