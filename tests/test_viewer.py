@@ -97,6 +97,23 @@ def test_the_server_starts_on_a_free_port_and_serves_the_page(app):
         assert b"<html" in response.read().lower()
 
 
+def test_the_opening_cameras_sources_are_encoded_before_the_page_can_connect(tiny_runs, tmp_path):
+    """The viewer renders the opening camera at 2x2 before it serves (a process's first render builds the
+    fused kernels where they are not built yet): its source views are encoded when the server starts."""
+    checkpoint = tiny_runs["pola_gnt"] / "checkpoints" / "last.ckpt"
+    overrides = [f"ckpt_path={checkpoint}", f"data.factor={FACTOR}", "view.port=0"]
+    viewer = start_viewer(
+        trained_run_config(compose_config(*overrides), tmp_path, overrides), tmp_path, str(checkpoint)
+    )
+    try:
+        scene = viewer.renderer.scene
+        opening = viewer.renderer.nearest_views(scene.cameras.c2w[scene.train_ids[0]])
+        assert sorted(viewer.renderer.encoded.features) == sorted(opening)
+        assert viewer.images_shown == 0  # nothing was sent anywhere
+    finally:
+        viewer.stop()
+
+
 def test_viser_poses_are_opencv_c2w(app):
     scene = app.renderer.scene
     c2w = scene.cameras.c2w[scene.train_ids[1]]

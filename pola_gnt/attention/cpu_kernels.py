@@ -8,15 +8,20 @@ memory and in dozens of short parallel regions, which also makes them collapse w
 shares the CPU).
 
 The kernels are compiled on first use with the C++ compiler PyTorch finds (`torch.utils.cpp_extension`,
-about 20 s, cached under `$TORCH_EXTENSIONS_DIR`, by default `~/.cache/torch_extensions`). Without a
+about 20 s, cached under `$TORCH_EXTENSIONS_DIR`, by default `~/.cache/torch_extensions`, in a folder
+of this checkout and Python environment: one shared folder was rebuilt, 20-30 s each time, whenever
+commands from two checkouts or environments alternated, as the build command names the source's path
+and the environment's headers). Without a
 compiler, or with `POLA_GNT_CPU_KERNELS=0`, `available()` is False and the callers use the PyTorch
 forms, which compute the same function.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -25,7 +30,10 @@ from torch import Tensor
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "polarity_cpu.cpp"
 DISABLE_VARIABLE = "POLA_GNT_CPU_KERNELS"
-_LIBRARY = "pola_gnt_cpu"
+_LIBRARY = "pola_gnt_cpu"  # the operators' namespace (TORCH_LIBRARY in the source)
+# The build's name, so its cache folder: the library's, and a digest of this source's path and the
+# Python environment (see the module docstring).
+_BUILD_NAME = f"{_LIBRARY}_{hashlib.sha1(f'{SOURCE}|{sys.prefix}'.encode()).hexdigest()[:10]}"
 
 
 # Whether the extension is built and loaded: None until the first `_load()`. A plain global rather
@@ -57,7 +65,7 @@ def _build() -> bool:
         # instruction the CPU lacks.
         vector_flags = ["-mavx2", "-mfma"] if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else []
         cpp_extension.load(
-            name=_LIBRARY,
+            name=_BUILD_NAME,
             sources=[str(SOURCE)],
             extra_cflags=["-O3", "-fopenmp", "-fno-trapping-math", "-fno-math-errno", *vector_flags],
             extra_ldflags=["-fopenmp"],

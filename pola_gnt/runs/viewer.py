@@ -465,6 +465,11 @@ class ViewerApp:
         self.renderer = ViewRenderer(
             net, scene, trained.system.sampler, config.data.num_source_views, chunk_rays, fabric
         )
+        # A 2x2 render of the opening camera before the page can connect: a process's first render
+        # builds the fused CPU kernels where this checkout has no build yet (30 s here; the page's first
+        # image waited for it) and encodes the opening camera's source views.
+        opening = scene.cameras.c2w[scene.train_ids[0]]
+        self.renderer.render(ViewCamera(opening, scene_fov(scene), 2, 2))
         self.clients: dict[int, ClientView] = {}
         self.connections = self.images_shown = 0  # tabs that connected, images sent (all tabs)
         centres = scene.cameras.c2w[:, :3, 3]
