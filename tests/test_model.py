@@ -8,6 +8,7 @@ depth < 1.5 are behind every source camera).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -33,15 +34,7 @@ TINY_ENCODER = EncoderSettings(
     feature_cache_mb=0,
 )
 # GNT's encoder (conf/model/gnt.yaml)
-FULL_ENCODER = EncoderSettings(
-    stage_channels=(64, 128, 256),
-    stage_blocks=(3, 4, 6),
-    feature_channels=32,
-    backbone="none",
-    backbone_weights=None,
-    backbone_trainable_layers=0,
-    feature_cache_mb=0,
-)
+FULL_ENCODER = replace(TINY_ENCODER, stage_channels=(64, 128, 256), stage_blocks=(3, 4, 6))
 
 
 def intrinsics() -> torch.Tensor:
