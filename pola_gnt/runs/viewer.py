@@ -88,9 +88,10 @@ class ViewCamera:
         return ViewCamera(self.c2w, self.fov, max(1, int(self.height * scale)), max(1, int(self.width * scale)))
 
     def same_pose(self, other: ViewCamera) -> bool:
-        """The same pose and field of view: a browser echoes the camera the server set with float
-        rounding (1e-7 here)."""
-        return abs(self.fov - other.fov) < 1e-3 and torch.allclose(self.c2w, other.c2w, atol=1e-5)
+        """The same pose and field of view: a browser echoes the camera the server set after float32
+        look-at arithmetic of its own (1e-7 to 1e-5 here); 1e-4 moves a pixel of a 1000-px focal
+        length by a tenth of a pixel."""
+        return abs(self.fov - other.fov) < 1e-3 and torch.allclose(self.c2w, other.c2w, atol=1e-4)
 
     def same_view(self, other: ViewCamera) -> bool:
         """The same image."""
@@ -221,6 +222,7 @@ class ClientView:
         self.first_image_s: float | None = None  # seconds from the connection to the first image shown
         self.progress_shown_at = 0.0  # when the full image's progress was last sent to the page
         self.opening: tuple[ViewCamera, float] | None = None  # (camera, when) the server set, until echoed
+        self.check_again: threading.Timer | None = None  # a report ignored while waiting for the echo
         self.errors: list[str] = []
         self.keyframes: list[tuple[Tensor, float]] = []  # (c2w, fov degrees)
         self._build_controls()
@@ -348,12 +350,30 @@ class ClientView:
         with self.changed:
             if self.opening is not None:
                 opening, set_at = self.opening
-                if not opening.same_pose(camera) and time.perf_counter() - set_at < OPENING_ECHO_WAIT_S:
+                waited = time.perf_counter() - set_at
+                if not opening.same_pose(camera) and waited < OPENING_ECHO_WAIT_S:
+                    # Perhaps a real move (a user quicker than the echo): taken when the wait is over,
+                    # since no other report may follow it.
+                    self._check_again_in(OPENING_ECHO_WAIT_S - waited)
                     return
                 self.opening = None
             if self.camera is not None and self.camera.same_view(camera):
                 return
         self.camera_moved(camera)
+
+    def _check_again_in(self, seconds: float) -> None:
+        """Take the browser's camera again after `seconds` (one pending check at a time)."""
+        if self.check_again is None:
+            self.check_again = threading.Timer(seconds + 0.01, self._check_again)
+            self.check_again.daemon = True
+            self.check_again.start()
+
+    def _check_again(self) -> None:
+        with self.changed:
+            self.check_again = None
+            if self.closed:
+                return
+        self.client_camera_changed()
 
     def camera_moved(self, camera: ViewCamera | None = None) -> None:
         """A new camera (default: the client's): cancel the render in progress and start again."""
@@ -372,6 +392,8 @@ class ClientView:
     def close(self) -> None:
         with self.changed:
             self.closed = True
+            if self.check_again is not None:
+                self.check_again.cancel()
             self.changed.notify()
 
     def _loop(self) -> None:
