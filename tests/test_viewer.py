@@ -218,7 +218,8 @@ def test_a_move_before_the_opening_cameras_echo_is_rendered_when_the_wait_is_ove
         view.client_camera_changed()
         assert view.generation == 1 and view.check_again is not None  # held
         wait_for(lambda: view.last_shown == (2, "full"), timeout=60)
-        assert torch.allclose(view.camera.c2w, other.float(), atol=1e-5) and view.opening is None
+        assert view.camera is not None and torch.allclose(view.camera.c2w, other.float(), atol=1e-5)
+        assert view.opening is None
     finally:
         view.close()
 
