@@ -1,7 +1,7 @@
 """Pola-GNT: GNT with polarity-aware linear attention.
 
 Importing the package changes nothing in the process: the commands' process-wide settings (OpenMP's
-wait policy, the allocator) are applied by the entry points (`pola_gnt.runs.process`)."""
+wait policy, the allocator) are applied by the entry points (`pola_gnt.core.process`)."""
 
 import os
 

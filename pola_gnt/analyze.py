@@ -21,7 +21,7 @@ command line (`scene=NAME`, `data.root=DIR`, `render.n_samples=N`, ...) replace 
 
 from __future__ import annotations
 
-from pola_gnt.runs.process import prepare_process
+from pola_gnt.core.process import prepare_process
 
 if __name__ == "__main__":  # before torch loads OpenMP
     prepare_process()
@@ -33,6 +33,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from pola_gnt.apps.trained_runs import load_trained_checkpoint
 from pola_gnt.core.errors import UserError
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.evaluation.attention_analysis import analyse_view, summary_lines
@@ -40,7 +41,6 @@ from pola_gnt.runs.config.app import entry_point, task_overrides
 from pola_gnt.runs.config.read import read_analyze_settings
 from pola_gnt.runs.config.stored import trained_run_config
 from pola_gnt.runs.settings import RunSettings
-from pola_gnt.runs.trained_runs import load_trained_checkpoint
 
 
 def require_polarity_attention(path: Path, settings: RunSettings) -> None:

@@ -4,7 +4,7 @@ in the scene folder, as training would."""
 
 import sys
 
-from pola_gnt.runs.process import prepare_process
+from pola_gnt.core.process import prepare_process
 
 if __name__ == "__main__":  # before torch loads OpenMP
     prepare_process()

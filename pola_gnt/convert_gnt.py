@@ -1,7 +1,7 @@
 """`python -m pola_gnt.convert_gnt GNT.pth OUT.ckpt [--config GNT_CONFIG.txt] [--network coarse|fine]`:
 a checkpoint of GNT's official code (as its `train.py` saves it) -> a Pola-GNT checkpoint of
 `model=gnt` with `model.net.compat=gnt`, which computes GNT's forward and which `eval`,
-`render_video` and `init_from` read (see `pola_gnt.runs.gnt_checkpoints`)."""
+`render_video` and `init_from` read (see `pola_gnt.interop.gnt_checkpoints`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from pola_gnt.core.errors import UserError, exit_on_user_error
-from pola_gnt.runs.gnt_checkpoints import NETWORKS, convert_gnt_checkpoint, finetune_command
+from pola_gnt.interop.gnt_checkpoints import NETWORKS, convert_gnt_checkpoint, finetune_command
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

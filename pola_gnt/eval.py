@@ -12,7 +12,7 @@ The run config is the one stored in the checkpoint; only keys given on the comma
 
 from __future__ import annotations
 
-from pola_gnt.runs.process import prepare_process
+from pola_gnt.core.process import prepare_process
 
 if __name__ == "__main__":  # before torch loads OpenMP
     prepare_process()
@@ -23,12 +23,12 @@ import pytorch_lightning as pl
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from pola_gnt.apps.trained_runs import load_trained_checkpoint
 from pola_gnt.data.datamodule import SceneDataModule
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.runs.config.app import announce, entry_point, task_overrides
 from pola_gnt.runs.config.read import read_run_settings
 from pola_gnt.runs.config.stored import TrainedRunConfig, trained_run_config
-from pola_gnt.runs.trained_runs import load_trained_checkpoint
 
 
 def evaluate(run: TrainedRunConfig, run_dir: Path) -> dict | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pola_gnt.core.errors import UserError, exit_on_user_error
 from pola_gnt.core.paths import LPIPS_WEIGHTS_ENV
-from pola_gnt.evaluation.metrics import LPIPS_NETS, MIN_IMAGE_SIDE, ImageMetrics, read_float_image
+from pola_gnt.evaluation.image_metrics import LPIPS_NETS, MIN_IMAGE_SIDE, ImageMetrics, read_float_image
 
 
 def _json_number(value: float | None) -> float | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from pola_gnt.runs.process import prepare_process
+from pola_gnt.core.process import prepare_process
 
 if __name__ == "__main__":  # before torch loads OpenMP
     prepare_process()

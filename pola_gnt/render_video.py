@@ -15,7 +15,7 @@ settings come from the checkpoint exactly as for `pola_gnt.eval`; the `video` se
 
 from __future__ import annotations
 
-from pola_gnt.runs.process import prepare_process
+from pola_gnt.core.process import prepare_process
 
 if __name__ == "__main__":  # before torch loads OpenMP
     prepare_process()
@@ -25,11 +25,11 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from pola_gnt.runs.camera_path_file import read_camera_path
+from pola_gnt.apps.camera_path_file import read_camera_path
+from pola_gnt.apps.video import render_video
 from pola_gnt.runs.config.app import announce, entry_point, task_overrides
 from pola_gnt.runs.config.read import read_run_settings
 from pola_gnt.runs.config.stored import trained_run_config
-from pola_gnt.runs.video import render_video
 
 
 @entry_point

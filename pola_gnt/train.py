@@ -25,7 +25,7 @@ if __name__ == "__main__":  # installed before the slow imports; `train()` insta
     for _signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(_signum, _stop_during_startup)
 
-from pola_gnt.runs.process import prepare_process
+from pola_gnt.core.process import prepare_process
 
 if __name__ == "__main__":  # before torch loads OpenMP
     prepare_process()

@@ -12,7 +12,7 @@ the port over ssh (the line is printed). Ctrl-C stops it.
 
 from __future__ import annotations
 
-from pola_gnt.runs.process import prepare_process
+from pola_gnt.core.process import prepare_process
 
 if __name__ == "__main__":  # before torch loads OpenMP
     prepare_process()
@@ -24,10 +24,10 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from pola_gnt.apps.viewer import start_viewer
 from pola_gnt.runs.config.app import announce, entry_point, task_overrides
 from pola_gnt.runs.config.read import read_run_settings
 from pola_gnt.runs.config.stored import trained_run_config
-from pola_gnt.runs.viewer import start_viewer
 
 
 @entry_point

@@ -22,7 +22,7 @@ Method:
   reset through /proc/self/clear_refs) minus the resident size at the baseline; for that one pass
   glibc's mmap threshold is fixed at 64 KB, so every freed buffer goes back to the OS at once and the
   peak RSS is the peak of live memory rather than of the allocator's cache. The timed runs then use
-  the allocator setting of every command (`pola_gnt.runs.process`: freed pages are kept for reuse).
+  the allocator setting of every command (`pola_gnt.core.process`: freed pages are kept for reuse).
 - Times: median over up to `--repeats` runs of the forward alone (under torch.no_grad, i.e.
   inference) and of forward+backward. Warm-up: one run at 256 tokens, then the memory pass at full
   size, which counts as a timed run only when it alone took longer than `--repeat-seconds`; a row
@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pola_gnt.runs.process import set_openmp_wait_policy
+from pola_gnt.core.process import set_openmp_wait_policy
 
 set_openmp_wait_policy()  # before torch loads OpenMP, as every command
 
@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from pola_gnt.core.errors import UserError, exit_on_user_error
-from pola_gnt.runs.process import M_MMAP_THRESHOLD, configure_cpu_allocator, mallopt
+from pola_gnt.core.process import M_MMAP_THRESHOLD, configure_cpu_allocator, mallopt
 
 IMPLS = ("pola", "softmax", "vanilla", "relu_linear")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -201,7 +201,7 @@ def run_worker(args: argparse.Namespace) -> dict:
     meter.start()
     first_ms = _timed(lambda: step(inputs, grad_out, True), device)
     peak_mb = meter.peak_mb()
-    if on_cpu:  # timed runs: freed pages are kept for reuse, as in every command (pola_gnt.runs.process)
+    if on_cpu:  # timed runs: freed pages are kept for reuse, as in every command (pola_gnt.core.process)
         configure_cpu_allocator()
     # A run slower than the repeat budget counts as the (only) sample; otherwise it was a warm-up.
     first = [first_ms] if first_ms > args.repeat_seconds * 1e3 else []

@@ -41,7 +41,7 @@ from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
-from pola_gnt.runs.process import set_openmp_wait_policy
+from pola_gnt.core.process import set_openmp_wait_policy
 
 set_openmp_wait_policy()  # before torch loads OpenMP, as every command
 
@@ -52,13 +52,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pola_gnt.attention import cpu_kernels
 from pola_gnt.core.errors import UserError, exit_on_user_error
+from pola_gnt.core.process import configure_cpu_allocator
 from pola_gnt.geometry.rays import Rays, pixel_rays
 from pola_gnt.model import GNT, SourceViews
 from pola_gnt.model.inference import FastRenderNetwork
 from pola_gnt.model.sampler import sample_depths
 from pola_gnt.runs.config.app import compose_config
 from pola_gnt.runs.config.read import read_run_settings
-from pola_gnt.runs.process import configure_cpu_allocator
 
 MODELS = ("gnt", "pola_gnt")  # conf/model/<name>.yaml
 HEIGHT, WIDTH = 378, 504  # LLFF at factor 8

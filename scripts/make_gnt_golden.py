@@ -12,7 +12,7 @@ give that folder (the one holding `gnt/`) as `--gnt`:
 Only GNT's `gnt/transformer_network.py` (`GNT`), `gnt/feature_network.py` (`ResUNet`) and
 `gnt/projection.py` (`Projector`, built with device "cpu": the hard-coded `cuda:0` is in
 `gnt/model.py`, which is not used) run, on the CPU in fp32, with `ret_alpha=True` (GNT's depth from
-its last ray attention). Their weights are `pola_gnt.runs.gnt_checkpoints.seeded_gnt_checkpoint(seed,
+its last ray attention). Their weights are `pola_gnt.interop.gnt_checkpoints.seeded_gnt_checkpoint(seed,
 width, depth)`, made again by the test; the inputs (4 source views of 60x84 pixels, sides that are no
 multiples of 16, so GNT's decoder pads; 64 target rays x 24 depths, among them samples behind one
 source camera, outside some views and outside all of them) are drawn here from the seed and stored.
@@ -38,10 +38,10 @@ import torch.nn.functional as F
 from pola_gnt.core.paths import PROJECT_ROOT
 from pola_gnt.geometry.cameras import look_at
 from pola_gnt.geometry.rays import Rays, pixel_rays
+from pola_gnt.interop.gnt_checkpoints import GNT_COMMIT, convert_gnt_checkpoint, seeded_gnt_checkpoint
 from pola_gnt.model.gnt import GNT
 from pola_gnt.runs.checkpoints import read_checkpoint
 from pola_gnt.runs.config.read import read_run_settings
-from pola_gnt.runs.gnt_checkpoints import GNT_COMMIT, convert_gnt_checkpoint, seeded_gnt_checkpoint
 
 FIXTURE = PROJECT_ROOT / "tests" / "fixtures" / "gnt_golden.npz"
 HEIGHT, WIDTH, FOCAL = 60, 84, 60.0

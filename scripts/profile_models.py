@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pola_gnt.runs.process import set_openmp_wait_policy
+from pola_gnt.core.process import set_openmp_wait_policy
 
 set_openmp_wait_policy()  # before torch loads OpenMP, as every command
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_render import MODELS, model_steps, synthetic_rig
 
-from pola_gnt.runs.process import configure_cpu_allocator
+from pola_gnt.core.process import configure_cpu_allocator
 
 
 def profile_model(kind: str, args: argparse.Namespace, device: torch.device) -> tuple[float, list[tuple]]:

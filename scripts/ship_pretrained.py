@@ -15,8 +15,8 @@ import argparse
 import json
 from pathlib import Path
 
+from pola_gnt.interop.pretrained import ship_checkpoint
 from pola_gnt.runs.checkpoints import CHECKPOINT_DIR, checkpoint_training_scenes, read_checkpoint
-from pola_gnt.runs.pretrained import ship_checkpoint
 
 
 def scores(run_dir: Path) -> tuple[str, dict]:

@@ -177,13 +177,13 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each image")
     args = parser.parse_args()
 
-    from pola_gnt.runs.process import prepare_process
+    from pola_gnt.core.process import prepare_process
 
     prepare_process()
+    from pola_gnt.apps.viewer import start_viewer
     from pola_gnt.runs.config.app import compose_config
     from pola_gnt.runs.config.read import read_run_settings
     from pola_gnt.runs.config.stored import trained_run_config
-    from pola_gnt.runs.viewer import start_viewer
 
     overrides = [*args.overrides, "view.port=0"]
     cfg = compose_config(*overrides)

@@ -1,4 +1,4 @@
-"""Training budgets (`pola_gnt/runs/budget.py`): `trainer.max_time`'s forms, the budget label and what
+"""Training budgets (`pola_gnt/runs/training_budget.py`): `trainer.max_time`'s forms, the budget label and what
 stopped training, and a real run stopped by its time budget."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from helpers import TINY_OVERRIDES, run_in_process, run_settings
 
 from pola_gnt.core.errors import UserError
-from pola_gnt.runs.budget import budget_document, max_time_seconds, training_document
+from pola_gnt.runs.training_budget import budget_document, max_time_seconds, training_document
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from helpers import load_script
 
 from pola_gnt.core.errors import UserError
-from pola_gnt.evaluation.metrics import linear_parameters, load_lpips, lpips_distance, read_float_image
+from pola_gnt.evaluation.image_metrics import linear_parameters, load_lpips, lpips_distance, read_float_image
 
 build = load_script("build_lpips_weights")
 

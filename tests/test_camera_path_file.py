@@ -1,4 +1,4 @@
-"""Camera paths as files (`runs/camera_path_file.py`, nerfstudio's camera_path.json): the axis and
+"""Camera paths as files (`apps/camera_path_file.py`, nerfstudio's camera_path.json): the axis and
 field-of-view conversions, a saved path read back, bad files as one error line, and a hand-made
 nerfstudio-format file rendering the frames its cameras describe."""
 
@@ -13,6 +13,9 @@ import pytest
 import torch
 from helpers import assert_one_error_line, compose_config, run_in_process, scene_and_data, system_of
 
+from pola_gnt.apps.camera_path_file import CameraPath, camera_path_document, read_camera_path, write_camera_path
+from pola_gnt.apps.frames import frame_source_views, scene_fov
+from pola_gnt.apps.video import FRAMES_FOLDER, video_camera_path
 from pola_gnt.core.errors import UserError
 from pola_gnt.core.paths import demo_scene_dir
 from pola_gnt.data.images import to_uint8
@@ -20,11 +23,9 @@ from pola_gnt.data.llff import load_llff_scene
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.geometry.camera_paths import flip_camera_axes, focal_from_fov, fov_from_focal, fov_intrinsics
 from pola_gnt.model.renderer import render_image
-from pola_gnt.runs.camera_path_file import CameraPath, camera_path_document, read_camera_path, write_camera_path
 from pola_gnt.runs.checkpoints import read_checkpoint
 from pola_gnt.runs.config.read import read_run_settings
 from pola_gnt.runs.config.stored import stored_run_config
-from pola_gnt.runs.video import FRAMES_FOLDER, frame_source_views, scene_fov, video_camera_path
 
 FACTOR = 64  # the demo scene at 63 x 47
 

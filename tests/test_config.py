@@ -20,17 +20,17 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import pola_gnt
+from pola_gnt.apps.video import scaled_intrinsics
 from pola_gnt.core.errors import UserError, check_int, check_number
 from pola_gnt.data.datamodule import TrainSteps, crop_views, source_batch
 from pola_gnt.data.sampling import crop_size, draw_crop, scaled_ray_count
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.data.settings import ProcessDataSettings, RandomCrop
-from pola_gnt.evaluation.metrics import PROTOCOL_DEFAULTS
+from pola_gnt.evaluation.image_metrics import PROTOCOL_DEFAULTS
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 from pola_gnt.runs.config.app import CONFIG_NAME, GPU_CONFIG_NAME, default_config_name
 from pola_gnt.runs.config.read import check_scene, read_process_data_settings, read_run_settings, read_video_settings
 from pola_gnt.runs.settings import RunSettings
-from pola_gnt.runs.video import scaled_intrinsics
 
 
 def compose_config(*overrides: str, name: str = CONFIG_NAME):

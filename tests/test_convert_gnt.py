@@ -24,18 +24,18 @@ from helpers import CommandResult, assert_one_error_line, compose_config, run_in
 from pola_gnt import convert_gnt
 from pola_gnt.core.paths import PROJECT_ROOT
 from pola_gnt.geometry.rays import Rays
-from pola_gnt.model import gnt as gnt_module
-from pola_gnt.model.gnt import GNT
-from pola_gnt.runs.checkpoints import read_checkpoint
-from pola_gnt.runs.config.read import read_run_settings
-from pola_gnt.runs.config.stored import container_dict, initial_weights
-from pola_gnt.runs.gnt_checkpoints import (
+from pola_gnt.interop.gnt_checkpoints import (
     GNT_COMMIT,
     GNTLayout,
     _position_columns,
     gnt_layout,
     seeded_gnt_checkpoint,
 )
+from pola_gnt.model import gnt as gnt_module
+from pola_gnt.model.gnt import GNT
+from pola_gnt.runs.checkpoints import read_checkpoint
+from pola_gnt.runs.config.read import read_run_settings
+from pola_gnt.runs.config.stored import container_dict, initial_weights
 
 FIXTURE = PROJECT_ROOT / "tests" / "fixtures" / "gnt_golden.npz"
 TOLERANCE = 1e-5

@@ -11,11 +11,11 @@ import pytest
 import torch
 from helpers import CONFIG_DIR, TINY_OVERRIDES, assert_one_error_line, compose_config, run_in_process, run_module
 
+from pola_gnt.apps.trained_runs import load_trained_checkpoint
 from pola_gnt.core.errors import UserError
 from pola_gnt.eval import evaluate
 from pola_gnt.runs.checkpoints import read_checkpoint
 from pola_gnt.runs.config.stored import run_config_with_overrides, stored_run_config, trained_run_config
-from pola_gnt.runs.trained_runs import load_trained_checkpoint
 
 METRICS = ("psnr", "ssim", "lpips")
 

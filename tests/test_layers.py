@@ -14,8 +14,8 @@ import pola_gnt
 
 PACKAGE_DIR = Path(pola_gnt.__file__).parent
 
-# The layers, lowest first: each is a folder of the package (a component), two folders for layer 2,
-# whose siblings do not import each other. A module's layer is its folder's; the modules directly in
+# The layers, lowest first: each is a folder of the package (a component), two folders for layers 2
+# and 6, whose siblings do not import each other. A module's layer is its folder's; the modules directly in
 # `pola_gnt/` are the entry points (`python -m pola_gnt.<command>`), and the package's `__init__`
 # belongs to the bottom layer. A module imports its own folder and the layers below, never above.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("model", ("model",)),
     ("evaluation", ("evaluation",)),
     ("runs", ("runs",)),
+    ("apps, interop", ("apps", "interop")),
 ]
 ENTRY_POINTS = "entry points"
 
@@ -112,26 +113,60 @@ def test_the_checker_sees_upward_sideways_and_lazy_imports():
         "pola_gnt.model.gnt": "from pola_gnt.attention import modules\nfrom pola_gnt.geometry.rays import Rays\n",
         "pola_gnt.eval": "from pola_gnt.train import train\n",  # entry point -> entry point
         "pola_gnt.train": "from pola_gnt.runs.system import GNTSystem\n",
+        "pola_gnt.apps.video": "from pola_gnt.interop import pretrained\nfrom pola_gnt.runs import settings\n",
+        "pola_gnt.interop.pretrained": "from pola_gnt.runs.checkpoints import read_checkpoint\n",
+        "pola_gnt.runs.training": "from pola_gnt.apps.trained_runs import load_trained_checkpoint\n",
         "pola_gnt.elsewhere": "",
     }
     found = violations(modules)
     assert found == [
+        "pola_gnt.apps.video imports pola_gnt.interop.pretrained: a sibling in its layer (apps, interop)",
         "pola_gnt.attention.modules imports pola_gnt.data.llff: a sibling in its layer (data, attention)",
         "pola_gnt.data.llff (data, attention) imports pola_gnt.model.gnt (model): upward",
         "pola_gnt.elsewhere: in no layer (a new folder: add it to LAYERS here and to docs/ARCHITECTURE.md)",
         "pola_gnt.eval imports pola_gnt.train: another entry point in its layer (entry points)",
         "pola_gnt.geometry.rays imports pola_gnt.core.errors: geometry imports nothing else of pola_gnt",
+        "pola_gnt.runs.training (runs) imports pola_gnt.apps.trained_runs (apps, interop): upward",
     ]
 
 
-def test_a_planted_upward_import_fails():
-    """The real tree with one import added that runs up a layer (the kind the folders used to hide:
-    the evaluation layer reading a run's settings) is caught, by folder."""
+@pytest.mark.parametrize(
+    ("module", "planted", "reported"),
+    [
+        # The kind the folders used to hide: the evaluation layer reading a run's settings.
+        (
+            "pola_gnt.evaluation.image_metrics",
+            "from pola_gnt.runs.settings import RunSettings",
+            "pola_gnt.evaluation.image_metrics (evaluation) imports pola_gnt.runs.settings (runs): upward",
+        ),
+        # The training run reaching up to the applications or the checkpoint interop above it (they
+        # were one folder with it), inside a function.
+        (
+            "pola_gnt.runs.training",
+            "def planted():\n    from pola_gnt.apps.video import render_video",
+            "pola_gnt.runs.training (runs) imports pola_gnt.apps.video (apps, interop): upward",
+        ),
+        (
+            "pola_gnt.runs.checkpoints",
+            "from pola_gnt.interop import pretrained",
+            "pola_gnt.runs.checkpoints (runs) imports pola_gnt.interop.pretrained (apps, interop): upward",
+        ),
+        # The two siblings of the top layer stay apart.
+        (
+            "pola_gnt.interop.gnt_checkpoints",
+            "from pola_gnt.apps.trained_runs import load_trained_checkpoint",
+            "pola_gnt.interop.gnt_checkpoints imports pola_gnt.apps.trained_runs: a sibling in its layer"
+            " (apps, interop)",
+        ),
+    ],
+    ids=["evaluation->runs", "runs->apps, lazy", "runs->interop", "interop->apps"],
+)
+def test_a_planted_upward_import_fails(module, planted, reported):
+    """The real tree with one import added that runs up a layer (or across to a sibling) is caught,
+    by folder."""
     modules = {name: path.read_text() for name, path in MODULES.items()}
-    modules["pola_gnt.evaluation.metrics"] += "\nfrom pola_gnt.runs.settings import RunSettings\n"
-    assert violations(modules) == [
-        "pola_gnt.evaluation.metrics (evaluation) imports pola_gnt.runs.settings (runs): upward",
-    ]
+    modules[module] += f"\n{planted}\n"
+    assert violations(modules) == [reported]
 
 
 @pytest.mark.parametrize(
@@ -141,10 +176,19 @@ def test_a_planted_upward_import_fails():
         ("pola_gnt.core.errors", "core"),
         ("pola_gnt.geometry.cameras", "geometry"),
         ("pola_gnt.data.scene", "data, attention"),
-        ("pola_gnt.evaluation.metrics", "evaluation"),
+        ("pola_gnt.evaluation.image_metrics", "evaluation"),
+        ("pola_gnt.core.process", "core"),
+        ("pola_gnt.model.render_memory", "model"),
         ("pola_gnt.runs.system", "runs"),
+        ("pola_gnt.runs.training_budget", "runs"),
+        ("pola_gnt.apps.video", "apps, interop"),
+        ("pola_gnt.apps.frames", "apps, interop"),
+        ("pola_gnt.interop.gnt_checkpoints", "apps, interop"),
+        ("pola_gnt.interop.pretrained", "apps, interop"),
         ("pola_gnt.metrics", ENTRY_POINTS),
         ("pola_gnt.check_scene", ENTRY_POINTS),
+        ("pola_gnt.view", ENTRY_POINTS),
+        ("pola_gnt.convert_gnt", ENTRY_POINTS),
     ],
 )
 def test_a_module_is_placed_by_its_folder(module, layer):

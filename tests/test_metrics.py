@@ -15,7 +15,7 @@ from helpers import CommandResult, assert_one_error_line, run_module
 
 from pola_gnt.core.errors import UserError
 from pola_gnt.core.paths import LPIPS_WEIGHTS_ENV
-from pola_gnt.evaluation.metrics import (
+from pola_gnt.evaluation.image_metrics import (
     ImageMetrics,
     backbone_parameters,
     build_lpips_skeleton,

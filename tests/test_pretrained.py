@@ -13,8 +13,8 @@ from helpers import assert_one_error_line, run_in_process, run_modules_at_once
 from pola_gnt.core.errors import UserError
 from pola_gnt.core.files import file_sha256
 from pola_gnt.core.paths import pretrained_dir
+from pola_gnt.interop.pretrained import MAX_BYTES, read_manifest
 from pola_gnt.runs.checkpoints import pretrained_checkpoint, read_checkpoint
-from pola_gnt.runs.pretrained import MAX_BYTES, read_manifest
 
 SHIPPED = ("pola_gnt", "gnt")
 
@@ -83,7 +83,7 @@ def test_shipping_slims_the_checkpoint_and_refuses_an_oversized_one(tiny_runs, t
     """`ship_checkpoint`: the weights, run config, step, training record and training time stay; the
     optimiser and loop states go; the manifest entry names the file's sha256; over the size limit,
     nothing is written."""
-    from pola_gnt.runs import pretrained
+    from pola_gnt.interop import pretrained
     from pola_gnt.runs.checkpoints import TRAINING_RECORD
 
     source = tiny_runs["pola_gnt"] / "checkpoints" / "last.ckpt"

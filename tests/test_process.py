@@ -1,4 +1,4 @@
-"""Process-wide settings (`pola_gnt/runs/process.py`) belong to the commands: importing the library
+"""Process-wide settings (`pola_gnt/core/process.py`) belong to the commands: importing the library
 changes nothing in the importing process, and an entry point applies them before torch loads."""
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ def _probe(code: str) -> dict:
 
 
 def test_importing_the_library_leaves_the_process_alone():
-    found = _probe("import pola_gnt.attention, pola_gnt.model, pola_gnt.data.datamodule, pola_gnt.evaluation.metrics")
+    found = _probe(
+        "import pola_gnt.attention, pola_gnt.model, pola_gnt.data.datamodule, pola_gnt.evaluation.image_metrics"
+    )
     assert found["changed"] == []
     assert "mallopt" not in found["looked_up"]
 
@@ -46,7 +48,7 @@ def test_importing_the_library_leaves_the_process_alone():
 def test_an_entry_point_sets_the_wait_policy_and_the_allocator():
     """The positive control: the same probe sees what `prepare_process` (each entry point's first
     step, before torch) does."""
-    found = _probe("from pola_gnt.runs.process import prepare_process; prepare_process()")
+    found = _probe("from pola_gnt.core.process import prepare_process; prepare_process()")
     assert found["changed"] == ["OMP_WAIT_POLICY"]
     assert "mallopt" in found["looked_up"] or not sys.platform.startswith("linux")
 
@@ -65,6 +67,6 @@ def test_entry_points_prepare_the_process_before_their_other_imports():
         heavy = [
             i
             for i in heavy
-            if "pola_gnt.runs.process" not in lines[i] and lines[i] not in ("import os", "import signal", "import sys")
+            if "pola_gnt.core.process" not in lines[i] and lines[i] not in ("import os", "import signal", "import sys")
         ]
         assert heavy and prepared < min(heavy), path.name

@@ -1,6 +1,6 @@
 """The training progress bar (`runs/callbacks.py`, `TrainingProgressBar`): under a time budget it reads
 training time against `trainer.max_time`, the time left and the steps done; and a real tiny run under
-a time budget shows that bar and prints no library warning on stderr (`runs/process.py`)."""
+a time budget shows that bar and prints no library warning on stderr (`core/process.py`)."""
 
 from __future__ import annotations
 

@@ -15,27 +15,27 @@ from helpers import assert_one_error_line, compose_config, run_in_process, run_m
 from lightning_fabric import Fabric
 from omegaconf import OmegaConf
 
+from pola_gnt.apps.frames import frame_source_views
+from pola_gnt.apps.video import (
+    DEPTH_VIDEO,
+    FRAMES_FOLDER,
+    RGB_VIDEO,
+    render_frames,
+    video_camera_path,
+    write_videos,
+)
 from pola_gnt.core.errors import UserError
 from pola_gnt.core.paths import demo_scene_dir
 from pola_gnt.data.images import to_uint8
 from pola_gnt.data.llff import load_llff_scene
 from pola_gnt.data.scenes import load_scene
-from pola_gnt.evaluation.metrics import mse_to_psnr
+from pola_gnt.evaluation.image_metrics import mse_to_psnr
 from pola_gnt.geometry.camera_paths import focus_depth, interpolate_path, spiral_path
+from pola_gnt.model.render_memory import CPU_BUDGET_MB, budget_chunk_rays, bytes_per_ray
 from pola_gnt.model.renderer import RenderedImage, render_image
 from pola_gnt.runs.checkpoints import read_checkpoint
 from pola_gnt.runs.config.read import read_run_settings, read_video_settings
 from pola_gnt.runs.config.stored import stored_run_config
-from pola_gnt.runs.render_budget import CPU_BUDGET_MB, budget_chunk_rays, bytes_per_ray
-from pola_gnt.runs.video import (
-    DEPTH_VIDEO,
-    FRAMES_FOLDER,
-    RGB_VIDEO,
-    frame_source_views,
-    render_frames,
-    video_camera_path,
-    write_videos,
-)
 
 VIDEO_FACTOR = 64  # the demo scene at 63 x 47: fast, and odd sides exercise the even padding
 VIDEO_FRAMES = 5

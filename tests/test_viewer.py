@@ -1,4 +1,4 @@
-"""The web viewer (`runs/viewer.py`, `python -m pola_gnt.view`): the server starts on a free port and
+"""The web viewer (`apps/viewer.py`, `python -m pola_gnt.view`): the server starts on a free port and
 serves the page, a render request returns the renderer's image for that camera (preview, then full
 size), the opening camera is rendered with no move and the page follows the full image to done, a
 render error is shown and leaves the server answering, and a real browser shows it (where Chromium
@@ -19,14 +19,10 @@ import pytest
 import torch
 from helpers import compose_config, load_script
 
-from pola_gnt.data.blender import load_blender_scene
-from pola_gnt.geometry.camera_paths import focus_depth
-from pola_gnt.model.renderer import render_image
-from pola_gnt.runs import viewer as viewer_module
-from pola_gnt.runs.camera_path_file import read_camera_path
-from pola_gnt.runs.config.stored import trained_run_config
-from pola_gnt.runs.video import frame_source_views, scene_fov
-from pola_gnt.runs.viewer import (
+from pola_gnt.apps import viewer as viewer_module
+from pola_gnt.apps.camera_path_file import read_camera_path
+from pola_gnt.apps.frames import frame_source_views, scene_fov
+from pola_gnt.apps.viewer import (
     ClientView,
     ViewCamera,
     ViewerApp,
@@ -36,6 +32,10 @@ from pola_gnt.runs.viewer import (
     refinement_levels,
     start_viewer,
 )
+from pola_gnt.data.blender import load_blender_scene
+from pola_gnt.geometry.camera_paths import focus_depth
+from pola_gnt.model.renderer import render_image
+from pola_gnt.runs.config.stored import trained_run_config
 
 FACTOR = 64  # the demo scene at 63 x 47
 CHROMIUM = Path("/usr/bin/chromium")

@@ -42,7 +42,7 @@ from pola_gnt.core.errors import UserError
 from pola_gnt.core.files import write_atomic
 from pola_gnt.data.datamodule import eval_source_ids, source_batch
 from pola_gnt.data.scene import Scene
-from pola_gnt.evaluation.metrics import LOGGED_MIN_MSE, mse_to_psnr
+from pola_gnt.evaluation.image_metrics import LOGGED_MIN_MSE, mse_to_psnr
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 from pola_gnt.model.gnt import GNT
 from pola_gnt.model.renderer import render_rays

@@ -27,7 +27,7 @@ from pola_gnt.data.images import to_uint8
 from pola_gnt.data.scene import Scene
 from pola_gnt.data.source_views import nearest_views
 from pola_gnt.evaluation.depth_metrics import DEPTH_METRICS, best_constant_errors, depth_errors
-from pola_gnt.evaluation.metrics import ImageMetrics
+from pola_gnt.evaluation.image_metrics import ImageMetrics
 from pola_gnt.evaluation.settings import MetricsSettings
 
 METRIC_NAMES = ("psnr", "ssim", "lpips")

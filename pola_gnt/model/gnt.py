@@ -30,7 +30,7 @@ Changes from the original GNT code (its bugs, see docs):
   reads the edge pixels' colours instead of a blend with the zero padding.
 
 `compat: gnt` (`NetSettings.compat`) undoes these changes and every other difference that weights
-cannot express, for GNT's converted checkpoints (`pola_gnt.runs.gnt_checkpoints`): GNT's read-out
+cannot express, for GNT's converted checkpoints (`pola_gnt.interop.gnt_checkpoints`): GNT's read-out
 (LayerNorm, mean over all samples, `Linear`; depth from the first sample's row of the last ray
 attention, averaged over heads), no masking in the ray attention, max over all views, uniform view
 weights for points no view sees, GNT's edge test and zero padding (values not zeroed where a view does

@@ -17,7 +17,7 @@ from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 from pola_gnt.data.batches import RayBatch, SourceBatch, TrainingBatch, ViewBatch
 from pola_gnt.data.scene import Scene
 from pola_gnt.data.scenes import exact_depth_source
-from pola_gnt.evaluation.metrics import LOGGED_MIN_MSE, mse_to_psnr
+from pola_gnt.evaluation.image_metrics import LOGGED_MIN_MSE, mse_to_psnr
 from pola_gnt.evaluation.scoring import (
     ViewResult,
     ViewScorer,
@@ -37,7 +37,6 @@ from pola_gnt.model.inference import (
 )
 from pola_gnt.model.renderer import render_image
 from pola_gnt.model.sampler import DepthSampler
-from pola_gnt.runs.budget import budget_document, timer_seconds_in_checkpoint, training_document
 from pola_gnt.runs.checkpoints import (
     TRAINING_RECORD,
     checkpoint_init_from,
@@ -47,6 +46,7 @@ from pola_gnt.runs.checkpoints import (
 from pola_gnt.runs.config.read import read_run_settings
 from pola_gnt.runs.config.stored import InitialWeights, completed_run_config
 from pola_gnt.runs.settings import CUDA_ACCELERATORS, RunSettings
+from pola_gnt.runs.training_budget import budget_document, timer_seconds_in_checkpoint, training_document
 
 
 class GNTSystem(pl.LightningModule):

@@ -20,7 +20,7 @@ from pola_gnt.runs.settings import TrainerSettings
 
 def fit_timer(trainer: TrainerSettings) -> Timer:
     """Our own Timer (Lightning then adds none): it enforces `trainer.max_time` in any of its accepted
-    forms (budget.py), times training under a steps budget too, and is saved in the checkpoints."""
+    forms (training_budget.py), times training under a steps budget too, and is saved in the checkpoints."""
     max_time = trainer.max_time
     return Timer(duration=None if max_time is None else timedelta(seconds=max_time), interval="step", verbose=False)
 

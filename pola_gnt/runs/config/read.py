@@ -34,12 +34,11 @@ from pola_gnt.data.settings import (
     SceneSettings,
 )
 from pola_gnt.data.source_views import POOL_FACTORS, RIG_CHOICES
-from pola_gnt.evaluation.metrics import LPIPS_NETS, PROTOCOL_DEFAULTS, PROTOCOLS
+from pola_gnt.evaluation.image_metrics import LPIPS_NETS, PROTOCOL_DEFAULTS, PROTOCOLS
 from pola_gnt.evaluation.settings import MetricsSettings, OutputSettings
 from pola_gnt.geometry.camera_paths import PATH_KINDS
 from pola_gnt.model.inference import PRECISIONS
 from pola_gnt.model.settings import BACKBONES, COMPAT_MODES, EncoderSettings, ModelSettings, NetSettings, RenderSettings
-from pola_gnt.runs.budget import max_time_seconds
 from pola_gnt.runs.settings import (
     AnalyzeSettings,
     OptimSettings,
@@ -48,6 +47,7 @@ from pola_gnt.runs.settings import (
     VideoSettings,
     ViewSettings,
 )
+from pola_gnt.runs.training_budget import max_time_seconds
 
 MAX_SEED = 2**32 - 1  # numpy's and Lightning's seed range
 USAGE_PROCESS_DATA = "python -m pola_gnt.process_data input=PHOTO_DIR|VIDEO out=SCENE_DIR"

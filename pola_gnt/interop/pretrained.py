@@ -12,8 +12,8 @@ import torch
 from pola_gnt.core.errors import UserError
 from pola_gnt.core.files import file_sha256, write_atomic
 from pola_gnt.core.paths import pretrained_dir
-from pola_gnt.runs.budget import TIMER_STATE_KEY
 from pola_gnt.runs.checkpoints import TRAINING_RECORD, read_checkpoint
+from pola_gnt.runs.training_budget import TIMER_STATE_KEY
 
 MANIFEST = "manifest.json"
 MAX_BYTES = 10 * 2**20  # the package ships checkpoints of at most 10 MB

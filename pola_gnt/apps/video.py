@@ -20,23 +20,20 @@ from lightning_fabric import Fabric
 from torch import Tensor
 from tqdm import tqdm
 
+from pola_gnt.apps.camera_path_file import CameraPath, camera_path_document, read_camera_path, write_camera_path
+from pola_gnt.apps.frames import EncodedViews, frame_images, frame_source_views, scene_fov
+from pola_gnt.apps.trained_runs import TrainedCheckpoint, load_trained_checkpoint
 from pola_gnt.core.errors import UserError
 from pola_gnt.core.files import staged_file, write_atomic
-from pola_gnt.data.images import to_uint8
 from pola_gnt.data.scene import Scene
 from pola_gnt.data.scenes import load_scene
-from pola_gnt.data.source_views import nearest_views, scene_selection_points, selection_points
-from pola_gnt.evaluation.scoring import colorize_depth
-from pola_gnt.geometry.camera_paths import fov_from_focal, fov_intrinsics, interpolate_path, spiral_path
-from pola_gnt.model.gnt import SourceViews
+from pola_gnt.geometry.camera_paths import fov_intrinsics, interpolate_path, spiral_path
 from pola_gnt.model.inference import FastRenderNetwork
+from pola_gnt.model.render_memory import budget_chunk_rays
 from pola_gnt.model.renderer import RenderedImage, RenderNetwork, render_image
 from pola_gnt.model.sampler import DepthSampler
-from pola_gnt.runs.camera_path_file import CameraPath, camera_path_document, read_camera_path, write_camera_path
 from pola_gnt.runs.config.stored import TrainedRunConfig
-from pola_gnt.runs.render_budget import budget_chunk_rays
 from pola_gnt.runs.settings import VideoSettings
-from pola_gnt.runs.trained_runs import TrainedCheckpoint, load_trained_checkpoint
 
 RGB_VIDEO = "video_rgb.mp4"
 DEPTH_VIDEO = "video_depth.mp4"
@@ -60,11 +57,6 @@ def scene_camera_path(scene: Scene, settings: VideoSettings) -> Tensor:
     return interpolate_path(scene.cameras.c2w[scene.train_ids], settings.frames, settings.closed)
 
 
-def scene_fov(scene: Scene) -> float:
-    """The scene's vertical field of view in degrees (every LLFF view shares the intrinsics)."""
-    return float(fov_from_focal(scene.cameras.intrinsics[0, 1, 1], scene.resolution[0]))
-
-
 def video_camera_path(scene: Scene, settings: VideoSettings) -> CameraPath:
     """The video's frames: a camera_path.json file's (`video.path=FILE.json`: its cameras, size and
     rate), or the generated path at the scene's size, field of view and `video.fps`; then at
@@ -76,39 +68,6 @@ def video_camera_path(scene: Scene, settings: VideoSettings) -> CameraPath:
         height, width = scene.resolution
         path = CameraPath(poses, torch.full((len(poses),), scene_fov(scene)), height, width, settings.fps)
     return path.scaled(settings.scale)
-
-
-class EncodedViews:
-    """Source views with their encoder features, computed once per training view and kept: a fly-through
-    keeps most of its nearest cameras from one frame to the next."""
-
-    def __init__(self, net: RenderNetwork, scene: Scene, device: torch.device):
-        self.net, self.scene, self.device = net, scene, device
-        self.images: dict[int, Tensor] = {}  # view -> [3, H, W]
-        self.features: dict[int, Tensor] = {}  # view -> [C, h, w]
-
-    @torch.no_grad()
-    def _encode(self, view: int) -> None:
-        image = self.scene.images[view].permute(2, 0, 1).to(self.device)  # [3, H, W]
-        self.images[view] = image
-        self.features[view] = self.net.encode(image[None])[0].float()
-
-    def __call__(self, views: list[int]) -> SourceViews:
-        for view in views:
-            if view not in self.features:
-                self._encode(view)
-        cameras = self.scene.cameras
-        return SourceViews(
-            images=torch.stack([self.images[v] for v in views]),
-            features=torch.stack([self.features[v] for v in views]),
-            c2w=cameras.c2w[views].to(self.device),
-            intrinsics=cameras.intrinsics[views].to(self.device),
-        )
-
-
-def frame_source_views(scene: Scene, c2w: Tensor, count: int) -> list[int]:
-    """The `count` training cameras nearest to a video camera `c2w` `[4, 4]` (nearest first)."""
-    return nearest_views(selection_points(c2w, scene.rig), scene_selection_points(scene), scene.train_ids, count)
 
 
 def scaled_intrinsics(intrinsics: Tensor, size: tuple[int, int], scaled_size: tuple[int, int]) -> Tensor:
@@ -219,12 +178,6 @@ def encode_videos(
         rgb_video.close()
         depth_video.close()
     return rgb_path, depth_path
-
-
-def frame_images(frame: RenderedImage, depth_range: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
-    """A rendered frame as the two uint8 images `[H, W, 3]` the videos hold: colour, and depth
-    colour-mapped over `depth_range` = (near, far)."""
-    return to_uint8(frame.rgb.float().cpu()), colorize_depth(frame.depth.float().cpu(), *depth_range)
 
 
 def write_videos(

@@ -40,19 +40,20 @@ from jaxtyping import Float
 from lightning_fabric import Fabric
 from torch import Tensor
 
+from pola_gnt.apps.camera_path_file import CameraPath, camera_path_document, write_camera_path
+from pola_gnt.apps.frames import EncodedViews, frame_images, frame_source_views, scene_fov
+from pola_gnt.apps.trained_runs import TrainedCheckpoint, load_trained_checkpoint
+from pola_gnt.apps.video import write_path_videos
 from pola_gnt.core.errors import UserError
 from pola_gnt.data.scene import Scene
 from pola_gnt.data.scenes import load_scene
 from pola_gnt.geometry.camera_paths import focus_depth, fov_intrinsics, interpolate_path
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
+from pola_gnt.model.render_memory import budget_chunk_rays
 from pola_gnt.model.renderer import RenderedImage, RenderNetwork, render_rays
 from pola_gnt.model.sampler import DepthSampler
-from pola_gnt.runs.camera_path_file import CameraPath, camera_path_document, write_camera_path
 from pola_gnt.runs.config.stored import TrainedRunConfig
-from pola_gnt.runs.render_budget import budget_chunk_rays
 from pola_gnt.runs.settings import ViewSettings
-from pola_gnt.runs.trained_runs import TrainedCheckpoint, load_trained_checkpoint
-from pola_gnt.runs.video import EncodedViews, frame_images, frame_source_views, scene_fov, write_path_videos
 
 log = logging.getLogger(__name__)
 MODES = ("RGB", "Depth")
