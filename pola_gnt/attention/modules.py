@@ -54,7 +54,7 @@ def keys_values_with_directions(
     `[x, relu(W1 r + b1)]` with `[W_kv | W2; W2]`. The same function as projecting, embedding and
     adding separately, but the `[points, views, dim]` tensors of `pos`, `k + pos` and `v + pos` are
     never written and re-read: on the CPU those passes over memory cost more than the matmuls. Used by
-    every view attention kind alike (the parameters, and so the checkpoints, stay as they were)."""
+    every view attention kind alike (the parameters, and so the checkpoints, are the separate layers')."""
     first, activation, last = pos_fc
     assert isinstance(first, nn.Linear) and isinstance(last, nn.Linear)
     hidden = activation(first(rel_dirs))  # [points, views, dim / 8]
