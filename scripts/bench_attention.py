@@ -209,9 +209,9 @@ def run_worker(args: argparse.Namespace) -> dict:
     fwd_ms = _repeat(lambda: step(inputs, grad_out, False), device, args.repeats, args.repeat_seconds, [])
     row = {"impl": impl, "seq_len": seq_len, "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms, "peak_mem_mb": peak_mb}
     if impl == "pola" and device == "cuda":
-        from pola_gnt.attention import gpu_kernels
+        from pola_gnt.attention.linear.op import triton_kernel
 
-        row["kernel"] = "triton" if gpu_kernels.linear_attention(inputs[0]) is not None else "pytorch"
+        row["kernel"] = "triton" if triton_kernel(inputs[0]) is not None else "pytorch"
     return row
 
 

@@ -50,7 +50,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
-from pola_gnt.attention import cpu_kernels
+from pola_gnt.attention import cpu_extension
 from pola_gnt.core.errors import UserError, exit_on_user_error
 from pola_gnt.core.process import configure_cpu_allocator
 from pola_gnt.geometry.rays import Rays, pixel_rays
@@ -134,9 +134,9 @@ def _register_cpu_sdpa_flops() -> None:
 def counted_gflop(step) -> float:
     """GFLOP of `step()`: matmuls, convolutions and attention kernels (both models' elementwise work,
     feature maps and softmax included, is not counted). Pola-GNT's fused CPU kernels are counted by
-    their formulas (`cpu_kernels.register_flop_formulas`)."""
+    their formulas (`cpu_extension.register_flop_formulas`)."""
     _register_cpu_sdpa_flops()
-    cpu_kernels.register_flop_formulas()
+    cpu_extension.register_flop_formulas()
     with FlopCounterMode(display=False) as counter:
         step()
     return counter.get_total_flops() / 1e9

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from pola_gnt.attention import cpu_kernels
+from pola_gnt.attention import cpu_extension
 from pola_gnt.attention.dispatch import dispatch
 
 
@@ -29,7 +29,7 @@ def calls(monkeypatch) -> list[str]:
         ran.append(f"usable {x.dtype} {head_dim} {views}")
         return True
 
-    monkeypatch.setattr(cpu_kernels, "usable", usable)
+    monkeypatch.setattr(cpu_extension, "usable", usable)
     return ran
 
 
@@ -68,7 +68,7 @@ def test_pytorch_where_the_cpu_kernels_do_not_take_the_inputs(calls, monkeypatch
         calls.append("usable")
         return False
 
-    monkeypatch.setattr(cpu_kernels, "usable", usable)
+    monkeypatch.setattr(cpu_extension, "usable", usable)
     dispatch((torch.ones(3),), triton=lambda kernel: kernel(0), **forms(calls))
     assert calls == ["usable", "pytorch"]
 
@@ -87,7 +87,7 @@ def test_cuda_inputs_take_triton_first(calls):
 
 def test_without_a_triton_kernel_the_next_form_runs(calls, monkeypatch):
     x = torch.ones(3).as_subclass(CudaLooking)
-    monkeypatch.setattr(cpu_kernels, "usable", lambda *args: False)  # as for a real CUDA tensor
+    monkeypatch.setattr(cpu_extension, "usable", lambda *args: False)  # as for a real CUDA tensor
     dispatch((x,), triton=lambda kernel: kernel(x), **forms(calls, kernel_found=False))
     assert calls == ["lookup", "pytorch"]
 

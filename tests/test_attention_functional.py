@@ -8,13 +8,14 @@ from functools import partial
 import pytest
 import torch
 
-from pola_gnt.attention import functional
 from pola_gnt.attention.features import EPSILON, EXPONENT_CLAMP, expm1_
-from pola_gnt.attention.functional import polarity_attention, resolve_form
+from pola_gnt.attention.linear import op as linear_op
+from pola_gnt.attention.linear import pytorch_form as linear_pytorch_form
+from pola_gnt.attention.linear.op import polarity_attention, resolve_form
 from pola_gnt.attention.reference import polarity_attention_reference
-from pola_gnt.attention.view_functional import polarity_view_attention
+from pola_gnt.attention.view.op import polarity_view_attention
 
-# "linear" runs whole short sequences (`short_linear`), "chunked" forces the chunked linear form that
+# "linear" runs whole short sequences (`ray.pytorch_form`), "chunked" forces the chunked linear form that
 # long sequences take, "quadratic" is the explicit-weights form.
 FORMS = ("linear", "chunked", "quadratic")
 
@@ -42,7 +43,7 @@ def _run(form, q, k, v, temp_same, temp_opp, key_mask=None):
     """The module convention: temps `[heads, 2d]` broadcast as `[heads, 1, 2d]`."""
     with pytest.MonkeyPatch.context() as patch:
         if form == "chunked":
-            patch.setattr(functional, "SHORT_SEQUENCE", 0)
+            patch.setattr(linear_op, "SHORT_SEQUENCE", 0)
         return polarity_attention(
             q,
             k,
@@ -57,9 +58,9 @@ def _run(form, q, k, v, temp_same, temp_opp, key_mask=None):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Force the linear form to walk its sequences in several chunks."""
-    monkeypatch.setattr(functional, "SHORT_SEQUENCE", 0)
-    monkeypatch.setattr(functional, "_MIN_CHUNK_ELEMENTS", 1)
-    monkeypatch.setattr(functional, "_MAX_CHUNK_ELEMENTS", 3 * 2 * 2 * 4)  # 3 tokens of [2 heads, 2d = 8]
+    monkeypatch.setattr(linear_op, "SHORT_SEQUENCE", 0)
+    monkeypatch.setattr(linear_pytorch_form, "_MIN_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(linear_pytorch_form, "_MAX_CHUNK_ELEMENTS", 3 * 2 * 2 * 4)  # 3 tokens of [2 heads, 2d = 8]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -292,7 +293,7 @@ def test_quadratic_form_keeps_only_its_inputs_for_backward():
 
 
 # --------------------------------------------------------------------------------------------------
-# View form: one query per point over a few keys, heads in place (`view_functional`)
+# View form: one query per point over a few keys, heads in place (`view.op`)
 
 
 def _view_inputs(points=5, views=6, heads=2, d=4, scale=1.0, seed=1, dtype=torch.float64):

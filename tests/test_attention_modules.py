@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pola_gnt.attention import RAY_ATTENTION_KINDS, VIEW_ATTENTION_KINDS, build_ray_attention, build_view_attention
-from pola_gnt.attention.functional import resolve_form
+from pola_gnt.attention.linear.op import resolve_form
 
 DIM, HEADS, POINTS, VIEWS, RAYS, SAMPLES = 32, 4, 6, 5, 3, 12
 
@@ -179,7 +179,7 @@ def test_lepe_shifted_sums_equal_the_depthwise_convolution():
     """The channels-last LePE computes exactly `Conv1d(groups=channels)` along the samples, with gradients."""
     from torch import nn
 
-    from pola_gnt.attention.modules import depthwise_conv_along_samples
+    from pola_gnt.attention.ray.pytorch_form import depthwise_conv_along_samples
 
     conv = nn.Conv1d(12, 12, kernel_size=5, padding=2, groups=12).double()
     x = torch.randn(3, 9, 12, dtype=torch.float64, requires_grad=True)

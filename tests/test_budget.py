@@ -3,10 +3,8 @@ stopped training, and a real run stopped by its time budget."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from helpers import TINY_OVERRIDES, run_in_process, run_settings
+from helpers import TINY_OVERRIDES, read_metrics, run_in_process, run_settings
 
 from pola_gnt.core.errors import UserError
 from pola_gnt.runs.training_budget import budget_document, max_time_seconds, training_document
@@ -52,7 +50,7 @@ def test_time_budget_stops_training_and_is_labelled(tmp_path):
         f"hydra.run.dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    document = json.loads((tmp_path / "metrics.json").read_text())
+    document = read_metrics(tmp_path)
     assert document["budget"]["kind"] == "time" and document["budget"]["label"] == "2 s wall time"
     training = document["training"]
     assert training["stopped_by"] == "max_time" and 2.0 <= training["wall_time_s"] < 60
@@ -74,12 +72,12 @@ def test_budget_checkpoints_are_the_models_of_shorter_time_budgets(tmp_path):
         f"hydra.run.dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    full = json.loads((tmp_path / "metrics.json").read_text())
+    full = read_metrics(tmp_path)
     marked = tmp_path / "checkpoints" / f"minutes{mark:g}.ckpt"
     evaluated = tmp_path / "eval"
     result = run_in_process("eval", f"ckpt_path={marked}", "output.save_images=false", f"hydra.run.dir={evaluated}")
     assert result.returncode == 0, result.stderr[-3000:]
-    document = json.loads((evaluated / "metrics.json").read_text())
+    document = read_metrics(evaluated)
     assert document["budget"]["label"] == "1 s wall time" and document["training"]["stopped_by"] == "max_time"
     assert 1.0 <= document["training"]["wall_time_s"] < full["training"]["wall_time_s"]
     assert 1 <= document["global_step"] < full["global_step"]

@@ -15,7 +15,14 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 import torch
-from helpers import TINY_OVERRIDES, assert_one_error_line, compose_config, run_in_process, train_in_process
+from helpers import (
+    TINY_OVERRIDES,
+    assert_one_error_line,
+    compose_config,
+    read_metrics,
+    run_in_process,
+    train_in_process,
+)
 
 from pola_gnt.core.errors import RunStopped, UserError
 from pola_gnt.core.files import file_sha256
@@ -375,10 +382,6 @@ def test_real_all_holds_every_real_scene_but_fern_and_room(llff_root):
 RESUME_OVERRIDES = ["seed=3", "trainer.max_steps=6", "trainer.val_check_interval=3"]
 
 
-def metrics(run_dir: Path) -> dict:
-    return json.loads((run_dir / "metrics.json").read_text())
-
-
 @pytest.fixture(scope="module")
 def pretrained_run(scene_folders, tmp_path_factory) -> Path:
     """A tiny pretraining run over two folders, validated and tested on the demo scene (held out)."""
@@ -402,7 +405,7 @@ def test_pretraining_killed_and_resumed_equals_the_uninterrupted_run(
         with pytest.raises(RunStopped):
             train_in_process(collection_config(scene_folders, *RESUME_OVERRIDES), tmp_path)
     train_in_process(collection_config(scene_folders, *RESUME_OVERRIDES, "ckpt_path=last"), tmp_path)
-    first, second = metrics(pretrained_run), metrics(tmp_path)
+    first, second = read_metrics(pretrained_run), read_metrics(tmp_path)
     assert second["global_step"] == first["global_step"] == 6
     assert second["mean"] == first["mean"] and second["per_image"] == first["per_image"]
 
@@ -410,13 +413,13 @@ def test_pretraining_killed_and_resumed_equals_the_uninterrupted_run(
 def test_zero_shot_records_say_what_the_weights_saw(pretrained_run, tmp_path):
     """The pretraining run's own test and `eval` of its checkpoint on the held-out scene are zero-shot:
     the training scenes are the collection's, the scored scene is not among them."""
-    document = metrics(pretrained_run)
+    document = read_metrics(pretrained_run)
     assert document["mode"] == "zero-shot" and document["seen_in_training"] is False
     assert document["training_scenes"] == ["alpha", "beta"] and document["init_from"] is None
     checkpoint = pretrained_run / "checkpoints" / "last.ckpt"
     result = run_in_process("eval", f"ckpt_path={checkpoint}", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-2000:]
-    evaluated = metrics(tmp_path)
+    evaluated = read_metrics(tmp_path)
     assert evaluated["mode"] == "zero-shot" and evaluated["training_scenes"] == ["alpha", "beta"]
     assert evaluated["mean"] == document["mean"]
 
@@ -506,7 +509,7 @@ def test_ddp_two_processes_over_a_collection(scene_folders, tmp_path):
         timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    document = metrics(tmp_path)
+    document = read_metrics(tmp_path)
     assert document["global_step"] == 4 and document["mode"] == "zero-shot"
     assert document["training_scenes"] == ["alpha", "beta", "gamma"] and len(document["per_image"]) == 3
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import CommandResult, assert_one_error_line, compose_config, run_in_process, system_of
+from helpers import CommandResult, assert_one_error_line, compose_config, read_metrics, run_in_process, system_of
 
 from pola_gnt import convert_gnt
 from pola_gnt.core.paths import PROJECT_ROOT
@@ -246,7 +245,7 @@ def test_a_converted_checkpoint_evaluates_and_fine_tunes(tmp_path):
         f"hydra.run.dir={run_dir}",
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    document = json.loads((run_dir / "metrics.json").read_text())
+    document = read_metrics(run_dir)
     assert document["model"] == "gnt" and document["global_step"] == 0 and document["mode"] == "zero-shot"
     assert np.isfinite(document["mean"]["psnr"])
     finetune = stdout.split("fine-tune with: ", 1)[1].split()

@@ -1,7 +1,7 @@
-"""The fused CPU kernels (`pola_gnt.attention.cpu_kernels`, C++) against the fp64 reference of the math:
-values and gradients of q, k, v and both temperatures, with masks, all-masked points and rays,
-exponents beyond the clamp, zero channels, strided inputs (chunks of one projection), fp32 and
-bf16/fp16; and the same function as the PyTorch forms they replace."""
+"""The fused CPU kernels (C++, `pola_gnt.attention.cpu_extension`: `view.cpu_form`, `ray.cpu_form`)
+against the fp64 reference of the math: values and gradients of q, k, v and both temperatures, with
+masks, all-masked points and rays, exponents beyond the clamp, zero channels, strided inputs (chunks
+of one projection), fp32 and bf16/fp16; and the same function as the PyTorch forms they replace."""
 
 from __future__ import annotations
 
@@ -12,31 +12,32 @@ import sys
 import pytest
 import torch
 
-from pola_gnt.attention import cpu_kernels
-from pola_gnt.attention.functional import polarity_ray_attention
+from pola_gnt.attention import cpu_extension
+from pola_gnt.attention.ray.cpu_form import samples_conv_cpu
+from pola_gnt.attention.ray.op import polarity_ray_attention
 from pola_gnt.attention.reference import polarity_attention_reference
-from pola_gnt.attention.view_functional import polarity_view_attention
+from pola_gnt.attention.view.op import polarity_view_attention
 
 
 @pytest.fixture(params=["fused", "pytorch"])
 def cpu_path(request, monkeypatch):
     """Run a test through the fused kernels and through the PyTorch forms."""
     if request.param == "pytorch":
-        monkeypatch.setattr(cpu_kernels, "usable", lambda *args, **kwargs: False)
+        monkeypatch.setattr(cpu_extension, "usable", lambda *args, **kwargs: False)
     return request.param
 
 
 def test_the_kernels_build_on_this_machine():
     """CI and this machine have a C++ compiler: the fused path must really run in the tests below
     (without one, users still get correct results from the PyTorch forms, with a warning)."""
-    assert cpu_kernels.available()
-    assert cpu_kernels.usable(torch.zeros(1, 8), 8, views=10)
-    assert not cpu_kernels.usable(torch.zeros(1, 6), 6)  # no compiled head dim: PyTorch forms
-    assert not cpu_kernels.usable(torch.zeros(1, 8, dtype=torch.bfloat16), 8)
+    assert cpu_extension.available()
+    assert cpu_extension.usable(torch.zeros(1, 8), 8, views=10)
+    assert not cpu_extension.usable(torch.zeros(1, 6), 6)  # no compiled head dim: PyTorch forms
+    assert not cpu_extension.usable(torch.zeros(1, 8, dtype=torch.bfloat16), 8)
 
 
 def test_the_kernels_can_be_switched_off():
-    code = "from pola_gnt.attention import cpu_kernels; print(cpu_kernels.available())"
+    code = "from pola_gnt.attention import cpu_extension; print(cpu_extension.available())"
     env = {**os.environ, "POLA_GNT_CPU_KERNELS": "0"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert result.stdout.strip() == "False"
@@ -240,7 +241,7 @@ def test_the_fused_and_the_pytorch_forms_agree_in_fp32(monkeypatch):
         return [view, ray, *(x.grad for x in leaves)]
 
     fused = run()
-    monkeypatch.setattr(cpu_kernels, "usable", lambda *args, **kwargs: False)
+    monkeypatch.setattr(cpu_extension, "usable", lambda *args, **kwargs: False)
     pytorch = run()
     for a, b in zip(fused, pytorch):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * b.abs().max().item())
@@ -262,7 +263,7 @@ def test_samples_conv_equals_conv1d_in_fp64():
     mask[1] = False
 
     def fused(x, residual, weight, bias):
-        return cpu_kernels.samples_conv(x, weight[:, 0, :].t(), bias, mask.double(), residual)
+        return samples_conv_cpu(x, weight[:, 0, :].t(), bias, mask.double(), residual)
 
     def reference(x, residual, weight, bias):
         masked = (x * mask[..., None]).transpose(1, 2)
@@ -297,13 +298,13 @@ def test_pola_ray_attention_module_is_the_same_through_both_paths(monkeypatch):
         return [out, x.grad, *(p.grad for p in module.parameters())]
 
     fused = run()
-    monkeypatch.setattr(cpu_kernels, "usable", lambda *args, **kwargs: False)
+    monkeypatch.setattr(cpu_extension, "usable", lambda *args, **kwargs: False)
     pytorch = run()
     for a, b in zip(fused, pytorch):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.skipif(not cpu_kernels.available(), reason="the fused CPU kernels are not built")
+@pytest.mark.skipif(not cpu_extension.available(), reason="the fused CPU kernels are not built")
 def test_the_operators_shapes_are_known_to_torch_compile():
     """torch.compile (`model.compile`) traces the kernels through their registered fake (shape-only)
     implementations; `opcheck` runs each operator for real and on fake tensors and compares them, with

@@ -3,13 +3,20 @@ checkpoint config + command-line keys, and bad checkpoints as one `error:` line.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import imageio.v3 as iio
 import pytest
 import torch
-from helpers import CONFIG_DIR, TINY_OVERRIDES, assert_one_error_line, compose_config, run_in_process, run_module
+from helpers import (
+    CONFIG_DIR,
+    TINY_OVERRIDES,
+    assert_one_error_line,
+    compose_config,
+    read_metrics,
+    run_in_process,
+    run_module,
+)
 
 from pola_gnt.apps.trained_runs import load_trained_checkpoint
 from pola_gnt.core.errors import UserError
@@ -35,7 +42,7 @@ def last_checkpoint(run_dir: Path) -> Path:
 )
 def test_eval_reproduces_the_training_metrics(tiny_runs, tmp_path, model, overrides, child):
     run_dir = tiny_runs[model]
-    trained = json.loads((run_dir / "metrics.json").read_text())
+    trained = read_metrics(run_dir)
     checkpoint = last_checkpoint(run_dir)
     saved_step = torch.load(checkpoint, map_location="cpu", weights_only=False)["global_step"]
     assert saved_step == trained["global_step"], (
@@ -46,7 +53,7 @@ def test_eval_reproduces_the_training_metrics(tiny_runs, tmp_path, model, overri
         "eval", *overrides, f"ckpt_path={checkpoint}", f"hydra.run.dir={tmp_path}"
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    evaluated = json.loads((tmp_path / "metrics.json").read_text())
+    evaluated = read_metrics(tmp_path)
     keys = ("scene", "model", "protocol", "lpips_net", "resolution", "global_step", "metric_settings", "seed", "budget")
     for key in (*keys, "depth_baseline"):
         assert evaluated[key] == trained[key], key
@@ -78,7 +85,7 @@ def test_gnt_protocol_is_labelled_and_scores_every_second_pixel(tiny_runs, tmp_p
     assert document["resolution"] == [47, 63]  # the 94 x 126 test images, every 2nd pixel
     assert len(document["per_image"]) == 3 and document["n_samples"] == stored.render.n_samples
     assert iio.imread(tmp_path / "test_views" / "image000_pred.png").shape == (47, 63, 3)
-    assert json.loads((tmp_path / "metrics.json").read_text())["protocol"] == "gnt"
+    assert read_metrics(tmp_path)["protocol"] == "gnt"
 
 
 def test_explicit_lpips_net_wins_over_the_gnt_protocol_default(tiny_runs, tmp_path):

@@ -70,7 +70,7 @@ def imported_modules(source: str, module: str) -> set[str]:
                 target = f"{package}.{node.module}" if node.module else package
             else:
                 target = node.module or ""
-            for alias in node.names:  # `from pola_gnt.attention import triton_kernel` imports a module
+            for alias in node.names:  # `from pola_gnt.attention import dispatch` imports a module
                 found.add(f"{target}.{alias.name}" if f"{target}.{alias.name}" in MODULES else target)
     return {name for name in found if name == "pola_gnt" or name.startswith("pola_gnt.")}
 

@@ -4,11 +4,9 @@ fern to the zero-shot metrics the manifest records."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from helpers import assert_one_error_line, run_in_process, run_modules_at_once
+from helpers import assert_one_error_line, read_metrics, run_in_process, run_modules_at_once
 
 from pola_gnt.core.errors import UserError
 from pola_gnt.core.files import file_sha256
@@ -72,7 +70,7 @@ def test_the_shipped_checkpoint_scores_its_manifest_on_fern(name, fern_evaluatio
     """`python -m pola_gnt.eval scene=fern ckpt_path=pretrained:NAME`, zero-shot: the manifest's metrics."""
     result, run_dir = fern_evaluations[name]
     assert result.returncode == 0, result.stderr[-2000:]
-    document = json.loads((run_dir / "metrics.json").read_text())
+    document = read_metrics(run_dir)
     expected = read_manifest()[name]["zero_shot"]["fern"]["mean"]
     assert document["mode"] == "zero-shot" and document["seen_in_training"] is False
     for metric in ("psnr", "ssim", "lpips"):

@@ -222,7 +222,7 @@ def _llff_reference_bounds(scene: Path, c2w: np.ndarray, factor: int) -> np.ndar
     import torch
 
     from pola_gnt.data.colmap import LLFF_PERCENTILES, bound_observations, registered_images, reliable_points
-    from pola_gnt.data.demo_scene import _trace_depth, demo_intrinsics
+    from pola_gnt.data.demo_scene import demo_intrinsics, trace_demo_depth
 
     model = pycolmap.Reconstruction(str(scene / "colmap" / "sparse" / "0"))
     registered, reliable = registered_images(model), reliable_points(model)
@@ -231,7 +231,7 @@ def _llff_reference_bounds(scene: Path, c2w: np.ndarray, factor: int) -> np.ndar
     for name, pose in zip(sorted(registered), c2w, strict=True):
         # COLMAP puts pixel centres at +0.5, the renderer at the integer coordinates.
         pixels = np.array([point.xy for point in bound_observations(registered[name], reliable)]) - 0.5
-        depths = _trace_depth(torch.from_numpy(pose), intrinsics, torch.from_numpy(pixels)).numpy()
+        depths = trace_demo_depth(torch.from_numpy(pose), intrinsics, torch.from_numpy(pixels)).numpy()
         reference.append(np.percentile(depths, LLFF_PERCENTILES))
     return np.array(reference)
 

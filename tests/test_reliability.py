@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import errno
-import json
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import CONFIG_DIR, TINY_OVERRIDES, assert_one_error_line, run_in_process, train_in_process
+from helpers import CONFIG_DIR, TINY_OVERRIDES, assert_one_error_line, read_metrics, run_in_process, train_in_process
 from hydra import compose, initialize_config_dir
 
 from pola_gnt.core.errors import RunStopped, UserError
@@ -32,10 +31,6 @@ MAX_STEPS = 8
 def config(*overrides: str):
     with initialize_config_dir(CONFIG_DIR, version_base="1.3"):
         return compose("config", overrides=[*COMMON, f"trainer.max_steps={MAX_STEPS}", *overrides])
-
-
-def metrics(run_dir: Path) -> dict:
-    return json.loads((run_dir / "metrics.json").read_text())
 
 
 def csv_rows(run_dir: Path) -> list[dict]:
@@ -79,7 +74,7 @@ def test_resume_from_several_steps_matches_uninterrupted_run(straight_run, tmp_p
         assert f"at step {stop}" in message and "ckpt_path=last" in message and f"saved at step {stop}" in message
         assert not (tmp_path / "metrics.json").exists()
     train_in_process(config("ckpt_path=last"), tmp_path)
-    first, second = metrics(straight_run), metrics(tmp_path)
+    first, second = read_metrics(straight_run), read_metrics(tmp_path)
     assert second["global_step"] == first["global_step"] == MAX_STEPS
     assert second["mean"] == first["mean"] and second["per_image"] == first["per_image"]
     # The CSV log holds every step once, as the uninterrupted run's (learning rates, loss, val PSNR).
@@ -95,7 +90,7 @@ def test_sigterm_during_test_says_metrics_not_written(straight_run, tmp_path, mo
     assert stopped.value.exit_code == 143 and "metrics.json was not written" in str(stopped.value)
     assert not (tmp_path / "metrics.json").exists()
     train_in_process(config("ckpt_path=last"), tmp_path)  # the trained model is tested, nothing retrained
-    assert metrics(tmp_path)["mean"] == metrics(straight_run)["mean"]
+    assert read_metrics(tmp_path)["mean"] == read_metrics(straight_run)["mean"]
 
 
 def test_sigint_exits_130_with_resume_hint(tmp_path, monkeypatch):
@@ -279,8 +274,7 @@ def test_metrics_json_is_strict_json_with_null_reasons(tmp_path):
         )
     ]
     document = write_results(tmp_path, {"scene": "x"}, results, (1.0, 2.0), save_images=False)
-    text = (tmp_path / "metrics.json").read_text()
-    parsed = json.loads(text, parse_constant=lambda name: pytest.fail(f"non-strict JSON constant {name}"))
+    parsed = read_metrics(tmp_path)  # strict JSON: a NaN or infinity constant fails
     assert parsed == document and parsed["mean"]["psnr"] is None and parsed["per_image"][0]["psnr"] is None
     assert "nan" in parsed["null_reasons"]["mean.psnr"] and "per_image[0].psnr" in parsed["null_reasons"]
 
@@ -330,7 +324,7 @@ def test_random_sigkills_then_resume_give_the_uninterrupted_metrics(tmp_path):
             break
         else:
             pytest.fail("the run never finished")
-        first, second = metrics(straight), metrics(run_dir)
+        first, second = read_metrics(straight), read_metrics(run_dir)
         assert second["mean"] == first["mean"] and second["per_image"] == first["per_image"]
         assert csv_rows(run_dir) == csv_rows(straight)
     assert kills >= 2

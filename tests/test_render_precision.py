@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from pola_gnt.attention import cpu_kernels
-from pola_gnt.attention.functional import polarity_ray_attention
+from pola_gnt.attention import cpu_extension
+from pola_gnt.attention.ray.cpu_form import samples_conv_cpu
+from pola_gnt.attention.ray.op import polarity_ray_attention
 from pola_gnt.attention.reference import polarity_attention_reference
-from pola_gnt.attention.view_functional import polarity_view_attention
+from pola_gnt.attention.view.op import polarity_view_attention
 from pola_gnt.core.errors import UserError
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 from pola_gnt.model import GNT, inference
@@ -145,7 +146,7 @@ def test_the_projection_of_the_feature_maps_commutes_with_the_bilinear_read():
 def kernel_forms(request, monkeypatch):
     """bf16 through the fused C++ kernels and, as where they cannot be built, through the PyTorch forms."""
     if request.param == "pytorch":
-        monkeypatch.setattr(cpu_kernels, "usable", lambda *args, **kwargs: False)
+        monkeypatch.setattr(cpu_extension, "usable", lambda *args, **kwargs: False)
     return request.param
 
 
@@ -256,7 +257,7 @@ def test_the_bf16_ray_kernel_and_lepe_against_fp64(scale):
     weight, bias = torch.randn(5, heads * d, generator=generator), torch.randn(heads * d, generator=generator)
     visible = mask.to(torch.bfloat16)
     with torch.inference_mode():
-        conv = cpu_kernels.samples_conv(v16, weight, bias, visible, got)
+        conv = samples_conv_cpu(v16, weight, bias, visible, got)
     masked = v64 * mask[..., None]
     padded = torch.nn.functional.pad(masked, (0, 0, 2, 2))
     expected_conv = (
@@ -268,11 +269,11 @@ def test_the_bf16_ray_kernel_and_lepe_against_fp64(scale):
 
 def test_the_bf16_kernels_take_no_gradients():
     """Training stays fp32/fp64: with autograd on, bf16 inputs take the PyTorch forms (in fp32)."""
-    assert cpu_kernels.available()
+    assert cpu_extension.available()
     x = torch.zeros(2, 4, 8, dtype=torch.bfloat16)
     with torch.inference_mode():
-        assert cpu_kernels.usable(x, 8, views=4)
-    assert not cpu_kernels.usable(x, 8, views=4)
+        assert cpu_extension.usable(x, 8, views=4)
+    assert not cpu_extension.usable(x, 8, views=4)
 
 
 def test_an_autocast_around_the_bf16_network_changes_nothing():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import imageio.v3 as iio
 import pytest
-from helpers import CommandResult, assert_one_error_line, run_module
+from helpers import CommandResult, assert_one_error_line, read_metrics, run_module
 
 from pola_gnt.evaluation.study import METRICS
 from pola_gnt.report import main as report_main
@@ -41,7 +41,7 @@ def test_report_of_tiny_runs_matches_their_metrics(tiny_runs, tmp_path):
     rows = _read_csv(out / "report.csv")
     markdown = (out / "report.md").read_text()
     for model, run_dir in tiny_runs.items():
-        document = json.loads((run_dir / "metrics.json").read_text())
+        document = read_metrics(run_dir)
         (row,) = [r for r in rows if r["kind"] == "run" and r["model"] == model]
         assert (row["scene"], row["protocol"], row["lpips_net"]) == (
             document["scene"],

@@ -11,7 +11,7 @@ import pytest
 import torch
 from jaxtyping import TypeCheckError
 
-from pola_gnt.attention.functional import polarity_attention
+from pola_gnt.attention.linear.op import polarity_attention
 from pola_gnt.core.paths import PROJECT_ROOT
 from pola_gnt.geometry.rays import Rays, points_along_rays
 

@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from helpers import TINY_RUN_OVERRIDES, run_in_process
+from helpers import TINY_RUN_OVERRIDES, read_metrics, run_in_process
 
 from pola_gnt.core.errors import UserError
 from pola_gnt.evaluation.stats import student_t_quantile
@@ -488,7 +488,7 @@ def test_multirun_trains_every_model_and_the_report_pairs_them(tmp_path, tiny_ru
     assert result.returncode == 0, result.stderr[-3000:]
     for model in ("gnt", "pola_gnt"):
         (metrics_file,) = (sweep / "demo" / model).glob("seed0_job*/metrics.json")
-        document = json.loads(metrics_file.read_text())
+        document = read_metrics(metrics_file)
         assert document["seed"] == 0 and document["global_step"] == 6
         assert document["budget"] == {"kind": "steps", "label": "6 steps", "max_steps": 6, "max_time_s": None}
         training = document["training"]
@@ -496,7 +496,7 @@ def test_multirun_trains_every_model_and_the_report_pairs_them(tmp_path, tiny_ru
         assert training["steps_per_s"] == pytest.approx(6 / training["wall_time_s"])
         assert document["test_time_s"] > 0
         # A multirun job is the same run as a single run with the same overrides (tiny_runs).
-        single = json.loads((tiny_runs[model] / "metrics.json").read_text())
+        single = read_metrics(tiny_runs[model])
         assert document["mean"] == single["mean"] and document["per_image"] == single["per_image"]
 
     out = tmp_path / "report"
@@ -506,10 +506,7 @@ def test_multirun_trains_every_model_and_the_report_pairs_them(tmp_path, tiny_ru
         rows = list(csv.DictReader(handle))
     (difference,) = [r for r in rows if r["kind"] == "difference"]
     assert difference["n"] == "1" and difference["seeds"] == "demo:0" and difference["psnr_ci_low"] == ""
-    expected = (
-        json.loads((tiny_runs["pola_gnt"] / "metrics.json").read_text())["mean"]["psnr"]
-        - json.loads((tiny_runs["gnt"] / "metrics.json").read_text())["mean"]["psnr"]
-    )
+    expected = read_metrics(tiny_runs["pola_gnt"])["mean"]["psnr"] - read_metrics(tiny_runs["gnt"])["mean"]["psnr"]
     assert float(difference["psnr_mean"]) == pytest.approx(expected)
     assert "### pola_gnt − gnt, paired by scene and seed" in result.stdout
 

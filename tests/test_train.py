@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,6 +10,7 @@ from helpers import (
     TINY_RUN_OVERRIDES,
     assert_one_error_line,
     compose_config,
+    read_metrics,
     run_in_process,
     run_module,
     scene_and_data,
@@ -117,10 +116,6 @@ def test_lightning_moves_every_tensor_of_a_typed_batch():
     assert batch.sources.images.shape[-2:] == (40, 60)  # the crop applies to the sources in their dataclass
 
 
-def _metrics(run_dir) -> dict:
-    return json.loads((run_dir / "metrics.json").read_text())
-
-
 def test_resume_matches_uninterrupted_run(tmp_path, tiny_runs):
     """3 steps, then resumed to 6: the metrics of the uninterrupted 6-step run (the session's tiny run,
     whose command this is but for `trainer.max_steps`)."""
@@ -128,10 +123,10 @@ def test_resume_matches_uninterrupted_run(tmp_path, tiny_runs):
     straight, resumed = tiny_runs["pola_gnt"], tmp_path / "resumed"
     result = run_in_process("train", *common, "trainer.max_steps=3", f"hydra.run.dir={resumed}")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert _metrics(resumed)["global_step"] == 3
+    assert read_metrics(resumed)["global_step"] == 3
     result = run_in_process("train", *common, "trainer.max_steps=6", "ckpt_path=last", f"hydra.run.dir={resumed}")
     assert result.returncode == 0, result.stderr[-2000:]
-    first, second = _metrics(straight), _metrics(resumed)
+    first, second = read_metrics(straight), read_metrics(resumed)
     assert second["global_step"] == first["global_step"] == 6
     assert second["mean"] == first["mean"] and second["per_image"] == first["per_image"]
     assert (resumed / "checkpoints" / "last.ckpt").is_file()
@@ -178,7 +173,7 @@ def test_ddp_two_cpu_processes(tmp_path):
         timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    document = _metrics(tmp_path)
+    document = read_metrics(tmp_path)
     assert document["global_step"] == 4 and len(document["per_image"]) == 3
 
 

@@ -1,6 +1,6 @@
 """The fused Triton ray-attention kernel computes `polarity_ray_attention` and its gradients.
 
-As in `test_triton_kernel.py`, the kernel tests run in Triton's CPU interpreter in a child pytest with
+As in `test_triton_linear.py`, the kernel tests run in Triton's CPU interpreter in a child pytest with
 `TRITON_INTERPRET=1` (`test_kernels_in_interpreter`) and are skipped here; the interpreter is slow,
 so they use a few rays of short length. `TRITON_INTERPRET=1 pytest tests/test_triton_ray.py` runs
 them directly. The CUDA tests (marker `gpu`) compare the compiled kernel with the PyTorch path.
@@ -15,8 +15,10 @@ pytest.importorskip("triton")
 
 from helpers.interpreter import INTERPRETING, assert_passes_in_interpreter, compiled_cuda, interpreter  # noqa: E402
 
-from pola_gnt.attention import functional, gpu_kernels, triton_ray  # noqa: E402
+from pola_gnt.attention import cpu_extension, triton_lookup  # noqa: E402
 from pola_gnt.attention.features import EXPONENT_CLAMP  # noqa: E402
+from pola_gnt.attention.ray import op as ray_op  # noqa: E402
+from pola_gnt.attention.ray import triton_form as triton_ray  # noqa: E402
 from pola_gnt.attention.reference import polarity_attention_reference  # noqa: E402
 
 NAMES = ("q", "k", "v", "temp_same", "temp_opp")
@@ -231,9 +233,9 @@ def test_cpu_dispatch_does_not_take_triton(monkeypatch):
 
     monkeypatch.setattr(triton_ray, "polarity_ray_attention_triton", fail)
     # The PyTorch form rather than the C++ kernel: no compilation in a fresh interpreter child.
-    monkeypatch.setattr(functional.cpu_kernels, "usable", lambda *args: False)
+    monkeypatch.setattr(cpu_extension, "usable", lambda *args: False)
     leaves, mask = make_inputs(1, 6, 2, 4, masked=True)
-    out = functional.polarity_ray_attention(*leaves, mask, 2)
+    out = ray_op.polarity_ray_attention(*leaves, mask, 2)
     assert_close_scaled(out, reference(leaves, mask, 2), rel=1e-5)
 
 
@@ -253,13 +255,13 @@ def test_cuda_dispatch_matches_pytorch_path(monkeypatch, head_dim):
         return kernel(*args)
 
     monkeypatch.setattr(triton_ray, "polarity_ray_attention_triton", counting_kernel)
-    out = functional.polarity_ray_attention(*leaves, mask, heads)
+    out = ray_op.polarity_ray_attention(*leaves, mask, heads)
     assert calls, "polarity_ray_attention did not take the Triton path"
     grad_out = torch.randn(out.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(6))
     grads = grads_of(out, leaves, grad_out)
 
-    monkeypatch.setenv(gpu_kernels.DISABLE_VARIABLE, "0")
-    expected = functional.polarity_ray_attention(*leaves, mask, heads)
+    monkeypatch.setenv(triton_lookup.DISABLE_VARIABLE, "0")
+    expected = ray_op.polarity_ray_attention(*leaves, mask, heads)
     expected_grads = grads_of(expected, leaves, grad_out)
     assert_close_scaled(out, expected, rel=1e-5, name="out")
     for name, grad, want in zip(NAMES, grads, expected_grads):

@@ -1,9 +1,9 @@
-"""The fused Triton view-attention kernels (`pola_gnt.attention.triton_view`) against the fp64 reference:
+"""The fused Triton view-attention kernels (`pola_gnt.attention.view.triton_form`) against the fp64 reference:
 values and gradients of q, k, v and both temperatures, with masks, a point with every view masked,
 exponents beyond the clamp, zero channels, strided k and v (chunks of one projection), fp32 and
 bf16/fp16; the dispatch of `polarity_view_attention` on CUDA.
 
-As in `test_triton_kernel.py`, the kernels run in Triton's CPU interpreter in a child pytest with
+As in `test_triton_linear.py`, the kernels run in Triton's CPU interpreter in a child pytest with
 `TRITON_INTERPRET=1` (`test_kernels_in_interpreter`); here those tests are skipped.
 `TRITON_INTERPRET=1 pytest tests/test_triton_view.py` runs them directly.
 """
@@ -17,9 +17,11 @@ pytest.importorskip("triton")
 
 from helpers.interpreter import INTERPRETING, assert_passes_in_interpreter, compiled_cuda, interpreter  # noqa: E402
 
-from pola_gnt.attention import gpu_kernels, triton_view, view_functional  # noqa: E402
+from pola_gnt.attention import triton_lookup  # noqa: E402
 from pola_gnt.attention.features import EXPONENT_CLAMP  # noqa: E402
 from pola_gnt.attention.reference import polarity_attention_reference  # noqa: E402
+from pola_gnt.attention.view import op as view_op  # noqa: E402
+from pola_gnt.attention.view import triton_form as triton_view  # noqa: E402
 
 LEAF_NAMES = ("q", "k", "v", "temp_same", "temp_opp")
 
@@ -197,12 +199,10 @@ def test_cuda_dispatch_takes_the_kernels_and_matches_pytorch(monkeypatch, dtype,
     monkeypatch.setattr(triton_view, "polarity_view_attention_triton", counting)
     assert mask is not None
     batched_mask = mask.unflatten(0, (2, 1500))
-    got = values_and_grads(lambda *x: view_functional.polarity_view_attention(*x, key_mask=batched_mask), batched, grad)
+    got = values_and_grads(lambda *x: view_op.polarity_view_attention(*x, key_mask=batched_mask), batched, grad)
     assert calls == [(3000, 4, 16)]
-    monkeypatch.setenv(gpu_kernels.DISABLE_VARIABLE, "0")
-    pytorch = values_and_grads(
-        lambda *x: view_functional.polarity_view_attention(*x, key_mask=batched_mask), batched, grad
-    )
+    monkeypatch.setenv(triton_lookup.DISABLE_VARIABLE, "0")
+    pytorch = values_and_grads(lambda *x: view_op.polarity_view_attention(*x, key_mask=batched_mask), batched, grad)
     assert got[0].dtype == dtype
     assert_all_close(got, [x.double() for x in pytorch], rtol=rtol, atol_scale=atol_scale)
     if dtype == torch.float32:

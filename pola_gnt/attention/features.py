@@ -1,7 +1,7 @@
 """Feature maps of polarity-aware attention (PolaFormer++ PaCS), the numerical constants, and what
 every entry point does first (shape checks, compute precision). Shared by the quadratic form, the
-linear forms (`functional`, `short_linear`), the view form (`view_functional`), the Triton kernels
-and the diagnostics; the fp64 reference (`reference`) takes only the constants.
+linear forms (`linear.pytorch_form`, `ray.pytorch_form`), the view form (`view.pytorch_form`), the
+Triton kernels and the diagnostics; the fp64 reference (`reference`) takes only the constants.
 
 Numerics:
 - `EPSILON = 1e-6` is added to each stream's denominator `sum_j w_ij` (a *sum*, not the mean used by
@@ -21,11 +21,11 @@ Query features come in four layouts, one per form (named by what they hold):
 - `query_feature_maps`: the math's `Qs`, `Qo`, `[..., Nq, 2d]` each, plain autograd (quadratic form,
   diagnostics);
 - `StackedQueryFeatures`: both streams stacked, full width `[..., 2, Nq, 2d]`, columns in the order of
-  the key rows they meet, with what a custom backward needs (`short_linear`);
+  the key rows they meet, with what a custom backward needs (`ray.pytorch_form`);
 - `PointQueryTerms`: one query per point, half width `[P, 2, heads, d]` (only the non-zero polarity
   part of each channel is exponentiated), split by the key part each coefficient meets
-  (`view_functional`);
-- `functional._half_width_query_features` (chunked linear form): half width, scattered back into the
+  (`view.pytorch_form`);
+- `linear.pytorch_form._half_width_query_features` (chunked linear form): half width, scattered back into the
   `x+` / `x-` slots by sign.
 """
 

@@ -23,9 +23,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
-from pola_gnt.attention import cpu_kernels
-from pola_gnt.attention.dispatch import dispatch
-from pola_gnt.attention.functional import polarity_ray_attention
+from pola_gnt.attention.ray.op import add_lepe, polarity_ray_attention
 from pola_gnt.attention.registry import (
     RAY_ATTENTIONS,
     VIEW_ATTENTIONS,
@@ -33,7 +31,7 @@ from pola_gnt.attention.registry import (
     register_ray_attention,
     register_view_attention,
 )
-from pola_gnt.attention.view_functional import polarity_view_attention
+from pola_gnt.attention.view.op import polarity_view_attention
 
 # --------------------------------------------------------------------------------------------------
 # Shared pieces
@@ -56,7 +54,7 @@ def keys_values_with_directions(
     `[x, relu(W1 r + b1)]` with `[W_kv | W2; W2]`. The same function as projecting, embedding and
     adding separately, but the `[points, views, dim]` tensors of `pos`, `k + pos` and `v + pos` are
     never written and re-read: on the CPU those passes over memory cost more than the matmuls. Used by
-    every view attention kind alike (the parameters, and so the checkpoints, stay as they were)."""
+    every view attention kind alike (the parameters, and so the checkpoints, are the separate layers')."""
     first, activation, last = pos_fc
     assert isinstance(first, nn.Linear) and isinstance(last, nn.Linear)
     hidden = activation(first(rel_dirs))  # [points, views, dim / 8]
@@ -73,21 +71,6 @@ def split_heads(x: Tensor, heads: int) -> Tensor:
 def merge_heads(x: Tensor) -> Tensor:
     """`[..., heads, n, d]` -> `[..., n, heads * d]`."""
     return x.transpose(-2, -3).flatten(-2)
-
-
-def depthwise_conv_along_samples(x: Tensor, conv: nn.Conv1d) -> Tensor:
-    """`conv(x^T)^T` for `x` `[..., samples, channels]` and a depthwise, zero-padded, odd-sized `conv`,
-    as a sum of shifted copies scaled per channel: it stays in the channels-last layout, and on the
-    CPU it is several times faster than PyTorch's depthwise convolution (its backward especially)."""
-    kernel = conv.kernel_size[0]
-    pad = kernel // 2
-    samples = x.shape[-2]
-    padded = F.pad(x, (0, 0, pad, pad))  # [..., samples + 2 pad, channels]
-    weight = conv.weight[:, 0, :].t()  # [kernel, channels]
-    out = padded[..., :samples, :] * weight[0]
-    for offset in range(1, kernel):
-        out = out + padded[..., offset : offset + samples, :] * weight[offset]
-    return out if conv.bias is None else out + conv.bias
 
 
 def _check_heads(dim: int, heads: int, even_head_dim: bool = False) -> None:
@@ -317,29 +300,8 @@ class PolaRayAttention(PolaAttentionBase):
         q_heads, k_heads, v_heads = (split_heads(x, self.heads) for x in (q, k, v))  # [rays, heads, samples, head_dim]
         attended = merge_heads(self._attend(q_heads, k_heads, v_heads, sample_mask))  # [rays, samples, dim]
         if self.lepe is not None:
-            attended = self._add_lepe(attended, v, sample_mask)
+            attended = add_lepe(attended, v, sample_mask, self.lepe)
         return self._gated_output(attended, gate)
-
-    def _add_lepe(self, attended: Tensor, v: Tensor, sample_mask: Tensor | None) -> Tensor:
-        """`attended + lepe(v)`, masked samples' values zeroed; both `[rays, samples, dim]`."""
-        lepe = self.lepe
-        assert lepe is not None
-
-        def cpu(v: Tensor, attended: Tensor) -> Tensor:
-            visible = None if sample_mask is None else sample_mask.to(v.dtype)
-            weight = lepe.weight[:, 0, :].t()  # [kernel, dim]
-            bias = lepe.bias
-            if v.dtype == torch.bfloat16:  # bf16 rendering: the kernel sums in fp32 with fp32 weights
-                weight, bias = weight.float(), None if bias is None else bias.float()
-            return cpu_kernels.samples_conv(v, weight, bias, visible, attended)
-
-        def pytorch() -> Tensor:
-            masked = v if sample_mask is None else v * sample_mask.unsqueeze(-1).to(v.dtype)
-            return attended + depthwise_conv_along_samples(masked, lepe)
-
-        # The C++ kernel writes `attended + conv(v)` in one dtype and takes fp32/fp64 `v` as it is
-        # (no compute-precision cast: half-precision `v` stays on the PyTorch form). No Triton form.
-        return dispatch((v, attended), cpu=cpu, pytorch=pytorch, fused=v.dtype == attended.dtype, cast_for_cpu=False)
 
     def _polarity_attention(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None) -> Tensor:
         """Heads back in place (views of the projection's chunks, no copies) for the ray form:

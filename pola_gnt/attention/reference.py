@@ -1,7 +1,7 @@
 """The fp64 reference of polarity-aware attention, written out as the math (docs/pola_attention.md).
 
-Every fast path (the quadratic and linear forms in `functional` and `short_linear`, the view form,
-the Triton kernels) is tested against `polarity_attention_reference`; it shares only the constants
+Every fast path (the quadratic and linear forms in `linear.pytorch_form` and `ray.pytorch_form`, the
+view form, the Triton and C++ kernels) is tested against `polarity_attention_reference`; it shares only the constants
 `EPSILON` and `EXPONENT_CLAMP` with them. Per head, with `phi(z) = expm1(min(z, EXPONENT_CLAMP))`:
 
     w_same_ij = sum_c  phi(ts[c] q+_ic) phi(k+_jc) + phi(ts[d + c] q-_ic) phi(k-_jc)    (+,+) and (-,-)

@@ -1,5 +1,5 @@
-"""What the three fused Triton kernels share (`triton_kernel`, `triton_ray`, `triton_view`): the input
-limits, the `expm1` of their feature maps, and their launch call.
+"""What the three fused Triton kernels share (`linear.triton_form`, `ray.triton_form`,
+`view.triton_form`): the input limits, the `expm1` of their feature maps, and their launch call.
 
 On the CPU the kernels run in Triton's interpreter when `TRITON_INTERPRET=1` is set before triton is
 first imported (Triton picks interpreter or compiler when `@triton.jit` runs, and `triton.language`'s

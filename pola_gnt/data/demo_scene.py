@@ -35,9 +35,9 @@ from torch import Tensor
 from pola_gnt.core.errors import UserError, check_int
 from pola_gnt.core.files import staged_folder, write_atomic
 from pola_gnt.data.images import image_folder_name, to_uint8
-from pola_gnt.data.raytrace import Plane, Sphere, nearest_hit, single_thread
+from pola_gnt.data.raytrace import Plane, RayFunction, Sphere, nearest_hit, render_view, trace, view_bounds
 from pola_gnt.geometry.cameras import look_at, opencv_to_llff
-from pola_gnt.geometry.rays import pixel_grid, pixel_rays
+from pola_gnt.geometry.rays import Rays, pixel_grid
 
 # Full-resolution camera like fern's (hwf in poses_bounds.npy); only downsampled folders are written.
 FULL_HEIGHT = 3024
@@ -55,10 +55,7 @@ LIGHT_DIRECTION = torch.nn.functional.normalize(
 )  # towards the light: up (-y), left and back towards the cameras
 MISS_COLOUR = (0.0, 0.0, 0.0)  # only cameras looking away from the scene see it
 
-SUPERSAMPLE_OFFSETS = (-0.25, 0.25)  # sub-pixel offsets of the 2x2 supersampling grid
-CHUNK_RAYS = 1 << 18  # rays traced at once, bounds memory at any resolution
 BOUNDS_FACTOR = 16  # resolution of the depth grid that the per-view near/far bounds come from
-BOUNDS_PADDING = 0.02  # relative padding of near/far (LLFF's bounds are percentiles, also loose)
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,9 +196,9 @@ def demo_surfaces() -> list[Plane | Sphere]:
 # --------------------------------------------------------------------------------------------
 
 
-def _shade(surfaces: list, origins: Tensor, directions: Tensor, detail: float = 0.0) -> tuple[Tensor, Tensor]:
-    """Lambertian colour `[rays, 3]` and depth `[rays]` of the nearest hit of each ray (albedo
-    modulated by `detail_pattern` with amplitude `detail` when non-zero)."""
+def _shade(surfaces: list, origins: Tensor, directions: Tensor, detail: float = 0.0) -> Tensor:
+    """Lambertian colour `[rays, 3]` of the nearest hit of each ray (albedo modulated by
+    `detail_pattern` with amplitude `detail` when non-zero)."""
     depth, index = nearest_hit(surfaces, origins, directions)
     colour = torch.tensor(MISS_COLOUR, dtype=origins.dtype).repeat(len(origins), 1)
     hit_points = origins + depth.nan_to_num(posinf=0.0)[:, None] * directions  # [rays, 3]
@@ -215,18 +212,28 @@ def _shade(surfaces: list, origins: Tensor, directions: Tensor, detail: float = 
         if detail:
             albedo = albedo * (1.0 + detail * detail_pattern(points))[:, None]
         colour.index_copy_(0, rays, albedo * (AMBIENT + DIFFUSE * lambert)[:, None])
-    return colour.clamp(0.0, 1.0), depth
+    return colour.clamp(0.0, 1.0)
 
 
-def _trace_depth(c2w: Tensor, intrinsics: Tensor, pixels: Tensor) -> Tensor:
-    """Camera z-depth `[pixels]` of the nearest surface through each pixel `[pixels, 2]`."""
+def _colour(detail: float = 0.0) -> RayFunction:
+    """The demo scene's colour of each ray (`_shade`), for `raytrace.render_view`."""
     surfaces = demo_surfaces()
-    chunks = []
-    with single_thread():
-        for start in range(0, len(pixels), CHUNK_RAYS):
-            rays = pixel_rays(c2w, intrinsics, pixels[start : start + CHUNK_RAYS])
-            chunks.append(nearest_hit(surfaces, rays.origins, rays.directions)[0])
-    return torch.cat(chunks)
+    return lambda rays: _shade(surfaces, rays.origins, rays.directions, detail)
+
+
+def _depth() -> RayFunction:
+    """The camera z-depth of each ray's nearest surface (inf on a miss), for the tracer."""
+    surfaces = demo_surfaces()
+
+    def depth(rays: Rays) -> Tensor:
+        return nearest_hit(surfaces, rays.origins, rays.directions)[0]
+
+    return depth
+
+
+def trace_demo_depth(c2w: Tensor, intrinsics: Tensor, pixels: Tensor) -> Tensor:
+    """Camera z-depth `[pixels]` of the nearest surface through each pixel `[pixels, 2]` (float64)."""
+    return trace(_depth(), c2w, intrinsics, pixels)
 
 
 def render_demo_view(
@@ -244,22 +251,8 @@ def render_demo_view(
     """
     c2w_t = torch.as_tensor(np.asarray(c2w), dtype=torch.float64)
     intrinsics = torch.as_tensor(np.asarray(K), dtype=torch.float64)
-    pixels = pixel_grid(height, width).double()  # [H * W, 2]
-    surfaces = demo_surfaces()
-    colour = torch.zeros(height * width, 3, dtype=torch.float64)
-    offsets = [(du, dv) for dv in SUPERSAMPLE_OFFSETS for du in SUPERSAMPLE_OFFSETS]
-    with single_thread():
-        for offset in offsets:
-            shifted = pixels + torch.tensor(offset, dtype=torch.float64)
-            for start in range(0, len(pixels), CHUNK_RAYS):
-                rays = pixel_rays(c2w_t, intrinsics, shifted[start : start + CHUNK_RAYS])
-                colour[start : start + CHUNK_RAYS] += _shade(surfaces, rays.origins, rays.directions, detail)[0]
-    colour /= len(offsets)
-    depth = _trace_depth(c2w_t, intrinsics, pixels)
-    return (
-        colour.reshape(height, width, 3).float().numpy(),
-        depth.reshape(height, width).float().numpy(),
-    )
+    colour, depth = render_view(_colour(detail), _depth(), c2w_t, intrinsics, height, width)
+    return colour.float().numpy(), depth.float().numpy()
 
 
 # --------------------------------------------------------------------------------------------
@@ -315,7 +308,7 @@ def demo_depth(view: int, factor: int) -> np.ndarray:
     scene's own units (the loader's normalised scene multiplies them by `Scene.scale`)."""
     c2w, intrinsics, height, width = demo_cameras(factor)
     pixels = pixel_grid(height, width).double()
-    depth = _trace_depth(torch.from_numpy(c2w[view]), torch.from_numpy(intrinsics), pixels)
+    depth = trace_demo_depth(torch.from_numpy(c2w[view]), torch.from_numpy(intrinsics), pixels)
     return depth.reshape(height, width).numpy()
 
 
@@ -328,27 +321,17 @@ def demo_bounds() -> np.ndarray:
     """Near / far `[views, 2]` of each view, valid at every factor.
 
     The depth is traced on a grid covering the full-resolution image plane plus a pixel of margin
-    (a superset of the pixel centres of any factor), and the extremes are padded by 2%.
+    (a superset of the pixel centres of any factor), and the extremes are padded by 2%
+    (`raytrace.view_bounds`).
     """
     return _cached_bounds().copy()
 
 
 @functools.lru_cache(maxsize=1)
 def _cached_bounds() -> np.ndarray:  # the same for every factor: traced once per process
-    c2w = demo_poses()
     intrinsics = torch.from_numpy(demo_intrinsics(BOUNDS_FACTOR))
-    full_width, full_height = FULL_WIDTH / BOUNDS_FACTOR, FULL_HEIGHT / BOUNDS_FACTOR
-    rows, cols = torch.meshgrid(
-        torch.linspace(-1.0, full_height + 1.0, int(full_height) + 3, dtype=torch.float64),
-        torch.linspace(-1.0, full_width + 1.0, int(full_width) + 3, dtype=torch.float64),
-        indexing="ij",
-    )
-    pixels = torch.stack([cols.reshape(-1), rows.reshape(-1)], dim=-1)
-    bounds = []
-    for pose in c2w:
-        depth = _trace_depth(torch.from_numpy(pose), intrinsics, pixels)
-        bounds.append([(1 - BOUNDS_PADDING) * float(depth.min()), (1 + BOUNDS_PADDING) * float(depth.max())])
-    return np.array(bounds)
+    height, width = FULL_HEIGHT / BOUNDS_FACTOR, FULL_WIDTH / BOUNDS_FACTOR
+    return view_bounds(_depth(), demo_poses(), intrinsics, height, width)
 
 
 def demo_poses_bounds() -> np.ndarray:

@@ -42,9 +42,9 @@ from torch import Tensor
 from pola_gnt.core.errors import UserError, check_int
 from pola_gnt.core.files import disk_error, is_disk_error, staged_folder, write_atomic
 from pola_gnt.data.images import image_folder_name, to_uint8
-from pola_gnt.data.raytrace import Box, Plane, Sphere, dot, single_thread
+from pola_gnt.data.raytrace import Box, Plane, RayFunction, Sphere, dot, render_view, single_thread, view_bounds
 from pola_gnt.geometry.cameras import look_at, opencv_to_llff
-from pola_gnt.geometry.rays import pixel_grid, pixel_rays
+from pola_gnt.geometry.rays import Rays
 
 PROCEDURAL_VERSION = 1
 
@@ -64,10 +64,7 @@ TEXEL_PIXELS = (0.7, 1.5)  # texel size at a surface's typical distance, images_
 NOISE_WAVES = 24  # plane waves per surface
 NOISE_WAVELENGTHS = (2.5, 48.0)  # images_8 pixels at the surface's typical distance, log-uniform
 
-SUPERSAMPLE_OFFSETS = (-0.25, 0.25)  # sub-pixel offsets of the 2x2 supersampling grid
-CHUNK_RAYS = 1 << 18  # rays traced at once, bounds memory at any resolution
 BOUNDS_FACTOR = 8  # resolution of the depth grid that the per-view near/far bounds come from
-BOUNDS_PADDING = 0.02  # relative padding of near/far (as the demo scene's)
 
 SCENE_FILE = "scene.json"
 POSES_FILE = "poses_bounds.npy"
@@ -632,13 +629,18 @@ def _shade(scene: ProceduralScene, origin: Tensor, directions: Tensor) -> Tensor
     return colour.clamp(0.0, 1.0)
 
 
-def _trace_depth(scene: ProceduralScene, c2w: Tensor, intrinsics: Tensor, pixels: Tensor) -> Tensor:
-    """Camera z-depth `[pixels]` of the nearest surface through each pixel `[pixels, 2]`."""
-    chunks = []
-    for start in range(0, len(pixels), CHUNK_RAYS):
-        rays = pixel_rays(c2w, intrinsics, pixels[start : start + CHUNK_RAYS])
-        chunks.append(_nearest_hit(scene, c2w[:3, 3], rays.directions)[0])
-    return torch.cat(chunks)
+def _colour(scene: ProceduralScene) -> RayFunction:
+    """The scene's colour of each ray of one camera (`_shade`), for `raytrace.render_view`."""
+    return lambda rays: _shade(scene, rays.origins[0], rays.directions)
+
+
+def _depth(scene: ProceduralScene) -> RayFunction:
+    """The camera z-depth of each ray's nearest surface, for the tracer."""
+
+    def depth(rays: Rays) -> Tensor:
+        return _nearest_hit(scene, rays.origins[0], rays.directions)[0]
+
+    return depth
 
 
 def render_procedural_view(
@@ -649,35 +651,14 @@ def render_procedural_view(
     centres."""
     c2w_t = torch.as_tensor(np.asarray(c2w), dtype=torch.float64)
     intrinsics = torch.as_tensor(np.asarray(K), dtype=torch.float64)
-    pixels = pixel_grid(height, width).double()  # [H * W, 2]
-    offsets = [(du, dv) for dv in SUPERSAMPLE_OFFSETS for du in SUPERSAMPLE_OFFSETS]
-    samples = torch.cat([pixels + torch.tensor(offset, dtype=torch.float64) for offset in offsets])
-    colour = torch.empty(len(samples), 3, dtype=torch.float64)
-    with single_thread():
-        for start in range(0, len(samples), CHUNK_RAYS):
-            rays = pixel_rays(c2w_t, intrinsics, samples[start : start + CHUNK_RAYS])
-            colour[start : start + CHUNK_RAYS] = _shade(scene, c2w_t[:3, 3], rays.directions)
-        depth = _trace_depth(scene, c2w_t, intrinsics, pixels)
-    rgb = colour.reshape(len(offsets), height * width, 3).mean(0)
-    return rgb.reshape(height, width, 3), depth.reshape(height, width)
+    return render_view(_colour(scene), _depth(scene), c2w_t, intrinsics, height, width)
 
 
 def _bounds(scene: ProceduralScene) -> np.ndarray:
-    """Near / far `[views, 2]` of each view, valid at every factor: the depth traced on a grid over
-    the full-resolution image plane plus a pixel of margin (at `BOUNDS_FACTOR`), padded by 2%."""
-    height, width = FULL_HEIGHT / BOUNDS_FACTOR, FULL_WIDTH / BOUNDS_FACTOR
+    """Near / far `[views, 2]` of each view, valid at every factor (`raytrace.view_bounds`, on a grid
+    at `BOUNDS_FACTOR`)."""
     intrinsics = torch.from_numpy(_intrinsics(scene.focal, FULL_HEIGHT // BOUNDS_FACTOR, FULL_WIDTH // BOUNDS_FACTOR))
-    rows, cols = torch.meshgrid(
-        torch.linspace(-1.0, height + 1.0, int(height) + 3, dtype=torch.float64),
-        torch.linspace(-1.0, width + 1.0, int(width) + 3, dtype=torch.float64),
-        indexing="ij",
-    )
-    pixels = torch.stack([cols.reshape(-1), rows.reshape(-1)], dim=-1)
-    bounds = []
-    for pose in scene.c2w:
-        depth = _trace_depth(scene, torch.from_numpy(pose), intrinsics, pixels)
-        bounds.append([(1 - BOUNDS_PADDING) * float(depth.min()), (1 + BOUNDS_PADDING) * float(depth.max())])
-    return np.array(bounds)
+    return view_bounds(_depth(scene), scene.c2w, intrinsics, FULL_HEIGHT / BOUNDS_FACTOR, FULL_WIDTH / BOUNDS_FACTOR)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """Analytic ray tracing shared by the synthetic scenes (`demo_scene`, `procedural`): surfaces with
-exact ray intersection, normals and albedo, and the nearest hit of a bundle of rays.
+exact ray intersection, normals and albedo, the nearest hit of a bundle of rays, and the tracer that
+renders a view (`render_view`: 2x2 supersampled colour, depth at the pixel centres) and finds each
+view's near / far bounds (`view_bounds`) from what a scene says a ray sees.
 
 World frame is OpenCV-like (x right, y down, z forward). Rays are `o + t d` with the directions of
 `geometry.rays.pixel_rays` (camera z-component 1), so the ray parameter `t` of a hit is the exact
@@ -14,23 +16,21 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from pola_gnt.geometry.rays import Rays, pixel_grid, pixel_rays
+
 Texture = Callable[[Tensor, Tensor], Tensor]  # surface coordinates a, b [rays] -> albedo [rays, 3]
+# What a scene computes for the rays of one camera: colour `[rays, 3]` or depth `[rays]`.
+RayFunction = Callable[[Rays], Tensor]
 MIN_DEPTH = 1e-6  # hits closer than this along the ray are the ray's own origin, not a surface
 
-
-class Surface(Protocol):
-    """What the tracer needs of a surface: where a ray hits it, its normal there, its colour there."""
-
-    def intersect(self, origins: Tensor, directions: Tensor) -> Tensor: ...
-
-    def normals(self, points: Tensor) -> Tensor: ...
-
-    def albedo(self, points: Tensor) -> Tensor: ...
+SUPERSAMPLE_OFFSETS = (-0.25, 0.25)  # sub-pixel offsets of the 2x2 supersampling grid
+CHUNK_RAYS = 1 << 18  # rays traced at once, bounds memory at any resolution
+BOUNDS_PADDING = 0.02  # relative padding of near/far (LLFF's bounds are percentiles, also loose)
 
 
 def dot(x: Tensor, y: Tensor) -> Tensor:
@@ -180,3 +180,50 @@ def single_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+# --------------------------------------------------------------------------------------------
+# Tracer: a scene's colour and depth functions over the pixels of a camera
+# --------------------------------------------------------------------------------------------
+
+
+def trace(function: RayFunction, c2w: Tensor, intrinsics: Tensor, pixels: Tensor) -> Tensor:
+    """`function` of the rays through `pixels` `[N, 2]` of one camera (`c2w` `[4, 4]`, `intrinsics`
+    `[3, 3]`, float64), `CHUNK_RAYS` rays at a time, concatenated: `[N, ...]`."""
+    chunks = []
+    with single_thread():
+        for start in range(0, len(pixels), CHUNK_RAYS):
+            chunks.append(function(pixel_rays(c2w, intrinsics, pixels[start : start + CHUNK_RAYS])))
+    return torch.cat(chunks)
+
+
+def render_view(
+    colour: RayFunction, depth: RayFunction, c2w: Tensor, intrinsics: Tensor, height: int, width: int
+) -> tuple[Tensor, Tensor]:
+    """One camera's image -> colour `[H, W, 3]` float64 (the mean of a 2x2 supersampling of each pixel,
+    `SUPERSAMPLE_OFFSETS`) and depth `[H, W]` float64 at the pixel centres."""
+    pixels = pixel_grid(height, width).double()  # [H * W, 2]
+    offsets = [(du, dv) for dv in SUPERSAMPLE_OFFSETS for du in SUPERSAMPLE_OFFSETS]
+    samples = torch.cat([pixels + torch.tensor(offset, dtype=torch.float64) for offset in offsets])
+    colours = trace(colour, c2w, intrinsics, samples)
+    depths = trace(depth, c2w, intrinsics, pixels)
+    rgb = colours.reshape(len(offsets), height * width, 3).mean(0)
+    return rgb.reshape(height, width, 3), depths.reshape(height, width)
+
+
+def view_bounds(depth: RayFunction, poses: np.ndarray, intrinsics: Tensor, height: float, width: float) -> np.ndarray:
+    """Near / far `[views, 2]` of the cameras `poses` `[views, 4, 4]`, valid at every resolution: the
+    depth traced on a grid covering the image plane of `height` x `width` pixels (`intrinsics`' size,
+    the full resolution divided by a factor) plus a pixel of margin, a superset of the pixel centres of
+    any factor; the extremes padded by `BOUNDS_PADDING`."""
+    rows, cols = torch.meshgrid(
+        torch.linspace(-1.0, height + 1.0, int(height) + 3, dtype=torch.float64),
+        torch.linspace(-1.0, width + 1.0, int(width) + 3, dtype=torch.float64),
+        indexing="ij",
+    )
+    pixels = torch.stack([cols.reshape(-1), rows.reshape(-1)], dim=-1)
+    bounds = []
+    for pose in poses:
+        depths = trace(depth, torch.from_numpy(pose), intrinsics, pixels)
+        bounds.append([(1 - BOUNDS_PADDING) * float(depths.min()), (1 + BOUNDS_PADDING) * float(depths.max())])
+    return np.array(bounds)

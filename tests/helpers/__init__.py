@@ -1,7 +1,8 @@
 """Test helpers: running an entry point as a user would (a child process) or in this process (its
 `main` with command-line overrides, catching `SystemExit`), the one-`error:`-line assertion, and the
 project's config as typed settings (`compose_config`, `run_settings`, `TINY_OVERRIDES`,
-`TINY_RUN_OVERRIDES`), and the `scripts/` as modules (`load_script`).
+`TINY_RUN_OVERRIDES`), a run's `metrics.json` (`read_metrics`), and the `scripts/` as modules
+(`load_script`).
 
 Import from tests as `from helpers import ...` (pytest puts `tests/` on `sys.path`).
 """
@@ -26,6 +27,7 @@ from helpers.config import (
     system_of,
     train_in_process,
 )
+from helpers.metrics import read_metrics
 from helpers.scripts import load_script
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "compose_config",
     "net_settings",
     "process_data_settings",
+    "read_metrics",
     "load_script",
     "run_in_process",
     "run_module",

@@ -1,10 +1,11 @@
 // Fused CPU kernels of polarity-aware attention for GNT's two short attentions: the view attention
 // (one query per point, a few source views as keys) and the ray attention (the samples of one ray).
-// The math and the names are those of `view_functional.py` and `short_linear.py`; the fp64 reference
-// `reference.py` is what the tests compare every output and gradient of these kernels with. Each
-// point (view attention) or (ray, head) (ray attention) is computed whole in small per-thread
-// buffers, forward or backward in one pass: no `[..., 2d]` feature tensor and none of the dozens of
-// elementwise temporaries of the PyTorch forms is written to memory, and a call is one parallel region.
+// The math and the names are those of `view/pytorch_form.py` and `ray/pytorch_form.py`; the fp64
+// reference `reference.py` is what the tests compare every output and gradient of these kernels
+// with. Each point (view attention) or (ray, head) (ray attention) is computed whole in small
+// per-thread buffers, forward or backward in one pass: no `[..., 2d]` feature tensor and none of the
+// dozens of elementwise temporaries of the PyTorch forms is written to memory, and a call is one
+// parallel region.
 //
 // Numerics: float or double throughout (the caller casts bf16/fp16 inputs to fp32), exponent inputs
 // clamped at EXPONENT_CLAMP, EPSILON on each stream's denominator. Features are expm1 (exact near 0):
@@ -225,7 +226,7 @@ void check_visible(const c10::optional<at::Tensor>& visible, const at::Tensor& l
 }
 
 // Head dims with a compiled kernel (the inner loops unroll and vectorise at a fixed size); the
-// Python side uses the PyTorch forms for others (`cpu_kernels.HEAD_DIMS`).
+// Python side uses the PyTorch forms for others (`cpu_extension.HEAD_DIMS`).
 template <typename F>
 void dispatch_head_dim(int64_t d, F&& f) {
   switch (d) {

@@ -1,19 +1,19 @@
-"""Fused CPU kernels (C++, `csrc/polarity_cpu.cpp`) of GNT's two short polarity attentions.
+"""The C++ extension of the fused CPU kernels (`csrc/polarity_cpu.cpp`): its build, its operators'
+shapes and FLOPs, and which inputs it takes (`usable`, for `dispatch`).
 
-`view_attention` and `ray_attention` compute exactly `view_functional.polarity_view_attention` and
-the short linear form (`short_linear`), each point or (ray, head) whole in registers, forward and
-backward in one pass: no feature tensors, no elementwise temporaries, one parallel region per call
-(the PyTorch forms spend most of their time moving `[points, views, heads, 2d]` tensors through
-memory and in dozens of short parallel regions, which also makes them collapse when another process
-shares the CPU).
+It holds the kernels of GNT's two short polarity attentions and the LePE: the view attention
+(`view.cpu_form`), the ray attention and the convolution along the samples of a ray (`ray.cpu_form`),
+each point or (ray, head) whole in registers, forward and backward in one pass: no feature tensors,
+no elementwise temporaries, one parallel region per call (the PyTorch forms spend most of their time
+moving `[points, views, heads, 2d]` tensors through memory and in dozens of short parallel regions,
+which also makes them collapse when another process shares the CPU).
 
 The kernels are compiled on first use with the C++ compiler PyTorch finds (`torch.utils.cpp_extension`,
 about 20 s, cached under `$TORCH_EXTENSIONS_DIR`, by default `~/.cache/torch_extensions`, in a folder
-of this checkout and Python environment: one shared folder was rebuilt, 20-30 s each time, whenever
-commands from two checkouts or environments alternated, as the build command names the source's path
-and the environment's headers). Without a
-compiler, or with `POLA_GNT_CPU_KERNELS=0`, `available()` is False and the callers use the PyTorch
-forms, which compute the same function.
+of this checkout and Python environment: the build command names the source's path and the
+environment's headers, so one folder shared by two checkouts or environments would be rebuilt
+whenever commands from them alternate). Without a compiler, or with `POLA_GNT_CPU_KERNELS=0`,
+`available()` is False and the callers use the PyTorch forms, which compute the same function.
 """
 
 from __future__ import annotations
@@ -152,99 +152,11 @@ def usable(x: Tensor, head_dim: int | None = None, views: int = 1) -> bool:
     return supported and dims_supported and views <= MAX_VIEWS and available()
 
 
-def _ops():
+def ops():
+    """The extension's operators (`torch.ops.pola_gnt_cpu`), built on first use."""
     if not _load():
-        raise RuntimeError("pola_gnt: the fused CPU kernels are not available (check `cpu_kernels.usable` first)")
+        raise RuntimeError("pola_gnt: the fused CPU kernels are not available (check `cpu_extension.usable` first)")
     return getattr(torch.ops, _LIBRARY)
-
-
-class _ViewAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, temp_same, temp_opp, visible):
-        ctx.save_for_backward(q, k, v, temp_same, temp_opp, visible)
-        return _ops().view_forward(q, k, v, temp_same, temp_opp, visible)
-
-    @staticmethod
-    def backward(ctx, *grad_outputs: Tensor):
-        (grad_out,) = grad_outputs
-        q, k, v, temp_same, temp_opp, visible = ctx.saved_tensors
-        grad_q, grad_k, grad_v, grad_same, grad_opp = _ops().view_backward(
-            grad_out.to(q.dtype), q, k, v, temp_same, temp_opp, visible
-        )
-        # Per-block partial sums, added in block order (deterministic whatever the thread count).
-        return grad_q, grad_k, grad_v, grad_same.sum(dim=0), grad_opp.sum(dim=0), None
-
-
-class _RayAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, temp_same, temp_opp, visible, heads):
-        ctx.save_for_backward(q, k, v, temp_same, temp_opp, visible)
-        ctx.heads = heads
-        return _ops().ray_forward(q, k, v, temp_same, temp_opp, visible, heads)
-
-    @staticmethod
-    def backward(ctx, *grad_outputs: Tensor):
-        (grad_out,) = grad_outputs
-        q, k, v, temp_same, temp_opp, visible = ctx.saved_tensors
-        grad_q, grad_k, grad_v, grad_same, grad_opp = _ops().ray_backward(
-            grad_out.to(q.dtype), q, k, v, temp_same, temp_opp, visible, ctx.heads
-        )
-        return grad_q, grad_k, grad_v, grad_same.sum(dim=0), grad_opp.sum(dim=0), None, None
-
-
-class _SamplesConv(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, visible, residual):
-        ctx.save_for_backward(x, weight, visible)
-        ctx.has_bias = bias is not None
-        return _ops().samples_conv_forward(x, weight, bias, visible, residual)
-
-    @staticmethod
-    def backward(ctx, *grad_outputs: Tensor):
-        (grad_out,) = grad_outputs
-        x, weight, visible = ctx.saved_tensors
-        grad_x, grad_weight, grad_bias = _ops().samples_conv_backward(grad_out.to(x.dtype), x, weight, visible)
-        return grad_x, grad_weight.sum(dim=0), grad_bias.sum(dim=0) if ctx.has_bias else None, None, grad_out
-
-
-def samples_conv(x: Tensor, weight: Tensor, bias: Tensor | None, visible: Tensor | None, residual: Tensor) -> Tensor:
-    """`residual + conv(x * visible)`: a depthwise, zero-padded convolution along the samples of each
-    ray (`x [R, S, C]`, channels contiguous, rows may be strided; `weight [K, C]`, K odd; `bias [C]`;
-    `visible [R, S]` 0/1 or None), added to `residual [R, S, C]`. Returns a new `[R, S, C]` tensor."""
-    visible = None if visible is None else visible.contiguous()
-    x, residual = _channels_contiguous(x), _channels_contiguous(residual)
-    return _SamplesConv.apply(x, weight.contiguous(), bias, visible, residual)
-
-
-def _channels_contiguous(x: Tensor) -> Tensor:
-    """`x`, copied only if its last axis is strided (the kernels read rows of contiguous channels)."""
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-
-def _heads_packed(x: Tensor) -> bool:
-    """Whether each token's `[heads, d]` block of `x` `[..., heads, d]` is contiguous."""
-    return x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]
-
-
-def view_attention(
-    q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor, visible: Tensor | None
-) -> Tensor:
-    """`q [P, heads, d]`, `k, v [P, views, heads, d]`, temperatures `[heads, 2d]`, `visible [P, views]`
-    (0/1, dtype of q) or None; all in one compute dtype. The point and view axes may be strided (chunks
-    of one projection are read in place). Returns `[P, heads, d]`."""
-    q, k, v = (x if _heads_packed(x) else x.contiguous() for x in (q, k, v))
-    visible = None if visible is None else visible.contiguous()
-    return _ViewAttention.apply(q, k, v, temp_same.contiguous(), temp_opp.contiguous(), visible)
-
-
-def ray_attention(
-    q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor, visible: Tensor | None, heads: int
-) -> Tensor:
-    """Self-attention over each ray's samples: `q, k, v [R, S, heads * d]` (channels contiguous, rows
-    may be strided), temperatures `[heads, 2d]`, `visible [R, S]` (0/1) or None. Returns `[R, S, heads * d]`."""
-    q, k, v = (_channels_contiguous(x) for x in (q, k, v))
-    visible = None if visible is None else visible.contiguous()
-    return _RayAttention.apply(q, k, v, temp_same.contiguous(), temp_opp.contiguous(), visible, heads)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -284,14 +196,14 @@ def register_flop_formulas() -> bool:
         return False
     from torch.utils import flop_counter
 
-    ops = _ops()
+    library = ops()
     formulas = {
-        ops.view_forward: lambda q, k, *args, **kwargs: view_attention_flops(q, k),
-        ops.view_backward: lambda grad, q, k, *args, **kwargs: 3 * view_attention_flops(q, k),
-        ops.ray_forward: lambda q, k, v, ts, to, visible, heads, **kwargs: ray_attention_flops(q, heads),
-        ops.ray_backward: lambda grad, q, k, v, ts, to, visible, heads, **kwargs: 3 * ray_attention_flops(q, heads),
-        ops.samples_conv_forward: lambda x, weight, *args, **kwargs: samples_conv_flops(x, weight),
-        ops.samples_conv_backward: lambda grad, x, weight, *args, **kwargs: 2 * samples_conv_flops(x, weight),
+        library.view_forward: lambda q, k, *args, **kwargs: view_attention_flops(q, k),
+        library.view_backward: lambda grad, q, k, *args, **kwargs: 3 * view_attention_flops(q, k),
+        library.ray_forward: lambda q, k, v, ts, to, visible, heads, **kwargs: ray_attention_flops(q, heads),
+        library.ray_backward: lambda grad, q, k, v, ts, to, visible, heads, **kwargs: 3 * ray_attention_flops(q, heads),
+        library.samples_conv_forward: lambda x, weight, *args, **kwargs: samples_conv_flops(x, weight),
+        library.samples_conv_backward: lambda grad, x, weight, *args, **kwargs: 2 * samples_conv_flops(x, weight),
     }
     for op, formula in formulas.items():
         if op not in flop_counter.flop_registry:

@@ -1,4 +1,5 @@
-"""Linear form of polarity attention for short sequences (GNT's ray attention, a few hundred samples).
+"""The ray attention's PyTorch forms: the linear form of polarity attention over whole short
+sequences (GNT's ray attention, a few hundred samples), and the LePE's convolution along the samples.
 
 The same function as `polarity_attention(..., form="linear")`, for sequences short enough that the
 whole batch of them fits in memory at once: no chunk loop, and no `[..., 2d]` feature tensor built by
@@ -14,13 +15,14 @@ non-negative terms. Both streams share the key statistic `[k+ part, k- part]^T [
 Numerics as in `features`; the query features are `features.StackedQueryFeatures`.
 
 Memory: the custom autograd keeps the inputs, the key features and the key statistic; the query
-features are recomputed in backward. For long sequences use the chunked linear form in `functional`.
+features are recomputed in backward. For long sequences use the chunked linear form in `linear.pytorch_form`.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from pola_gnt.attention.features import EPSILON, EXPONENT_CLAMP, StackedQueryFeatures, expm1_
 
@@ -119,3 +121,18 @@ def polarity_attention_short(
     """Linear form over whole (short) sequences. Inputs already in compute dtype; `key_mask` bool `[..., Nk]`."""
     visible = None if key_mask is None else key_mask.unsqueeze(-1).to(q.dtype)
     return _ShortPolarityAttention.apply(q, k, v, temp_same, temp_opp, visible)
+
+
+def depthwise_conv_along_samples(x: Tensor, conv: nn.Conv1d) -> Tensor:
+    """`conv(x^T)^T` for `x` `[..., samples, channels]` and a depthwise, zero-padded, odd-sized `conv`,
+    as a sum of shifted copies scaled per channel: it stays in the channels-last layout, and on the
+    CPU it is several times faster than PyTorch's depthwise convolution (its backward especially)."""
+    kernel = conv.kernel_size[0]
+    pad = kernel // 2
+    samples = x.shape[-2]
+    padded = F.pad(x, (0, 0, pad, pad))  # [..., samples + 2 pad, channels]
+    weight = conv.weight[:, 0, :].t()  # [kernel, channels]
+    out = padded[..., :samples, :] * weight[0]
+    for offset in range(1, kernel):
+        out = out + padded[..., offset : offset + samples, :] * weight[offset]
+    return out if conv.bias is None else out + conv.bias

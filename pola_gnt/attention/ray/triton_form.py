@@ -1,6 +1,6 @@
 """Fused Triton kernels for Pola-GNT's ray attention: the linear form over the samples of each ray.
 
-Computes exactly `functional.polarity_ray_attention` (the short linear form of `short_linear`, same
+Computes exactly `ray.op.polarity_ray_attention` (the short linear form of `ray.pytorch_form`, same
 clamp bound and epsilon) for `q, k, v` `[rays, samples, heads * d]`, heads in place. Per (ray, head),
 with `B = EXPONENT_CLAMP`, `vis_j` the sample's 0/1 visibility, `F(x) = expm1(min(x, B))`:
 
@@ -13,7 +13,7 @@ with `B = EXPONENT_CLAMP`, `vis_j` the sample's 0/1 visibility, `F(x) = expm1(mi
     out[:, cols_s] = (A kv[+][:, cols_s] + Bq kv[-][:, cols_s]) / (A . ksum[+] + Bq . ksum[-] + eps)
 
 with `cols_0 = [0, d/2)` (v_lo) and `cols_1 = [d/2, d)` (v_hi). This is `Qs (K^T v) / (...)` of
-`functional` with the 2d-wide features split by the sign of each channel: a query or key channel has
+`linear.pytorch_form` with the 2d-wide features split by the sign of each channel: a query or key channel has
 one non-zero polarity part, so each feature map is one `expm1` over d channels (half width), and the
 parts are selected by sign (exact; no sum cancels).
 
@@ -31,7 +31,7 @@ statistics `kv` (4 blocks `[d, d/2]`) and `ksum` stay in fp32 registers.
   (deterministic, no atomics).
 Features and sums are fp32 whatever the input dtype; no feature tensor is written to memory.
 At an exponent input of exactly `B` the slope of `F` is kept (`exp(B)`), as in every other fast path
-(`short_linear`, `triton_kernel`, the CPU kernels); only the fp64 reference's torch.clamp gives 0 there.
+(`ray.pytorch_form`, `linear.triton_form`, the CPU kernels); only the fp64 reference's torch.clamp gives 0 there.
 Input limits, `expm1`, the launch call and the interpreter notes (`TRITON_INTERPRET=1`): `triton_common`.
 """
 

@@ -1,8 +1,9 @@
-"""The Triton kernels' first-use check (`gpu_kernels`): a kernel that compiles and matches the fp64
-reference is used; one that fails to compile or computes something else is not, with one warning,
-and the PyTorch forms take over; `POLA_GNT_TRITON_KERNELS=0` switches the kernels off.
+"""The Triton kernels' first-use check (`triton_lookup`, run by each op's `triton_kernel` lookup): a
+kernel that compiles and matches the fp64 reference is used; one that fails to compile or computes
+something else is not, with one warning, and the PyTorch forms take over; `POLA_GNT_TRITON_KERNELS=0`
+switches the kernels off.
 
-The checks run the kernels, so like `test_triton_kernel.py` this file reruns itself in a child
+The checks run the kernels, so like `test_triton_linear.py` this file reruns itself in a child
 pytest with `TRITON_INTERPRET=1`, where CPU tensors go to the kernels (on a CUDA machine the same
 checks run compiled, at the first call of each kernel).
 """
@@ -18,7 +19,13 @@ pytest.importorskip("triton")
 
 from helpers.interpreter import INTERPRETING, assert_passes_in_interpreter, interpreter  # noqa: E402
 
-from pola_gnt.attention import gpu_kernels, triton_kernel, triton_ray, triton_view  # noqa: E402
+from pola_gnt.attention import triton_lookup  # noqa: E402
+from pola_gnt.attention.linear import op as linear_op  # noqa: E402
+from pola_gnt.attention.linear import triton_form as linear_triton  # noqa: E402
+from pola_gnt.attention.ray import op as ray_op  # noqa: E402
+from pola_gnt.attention.ray import triton_form as ray_triton  # noqa: E402
+from pola_gnt.attention.view import op as view_op  # noqa: E402
+from pola_gnt.attention.view import triton_form as view_triton  # noqa: E402
 
 
 @pytest.mark.skipif(INTERPRETING, reason="this is the interpreter run")
@@ -28,16 +35,16 @@ def test_checks_in_interpreter(request):
 
 @pytest.fixture(autouse=True)
 def fresh_checks(monkeypatch):
-    monkeypatch.setattr(gpu_kernels, "_checked", {})
-    monkeypatch.delenv(gpu_kernels.DISABLE_VARIABLE, raising=False)
+    monkeypatch.setattr(triton_lookup, "_checked", {})
+    monkeypatch.delenv(triton_lookup.DISABLE_VARIABLE, raising=False)
 
 
 def _lookups():
     """Each kernel's lookup with queries of its layout (head dim 8, 2 heads)."""
     return {
-        "view": (lambda q: gpu_kernels.view_attention(q), torch.zeros(5, 2, 8)),
-        "ray": (lambda q: gpu_kernels.ray_attention(q, 2), torch.zeros(3, 9, 16)),
-        "linear": (lambda q: gpu_kernels.linear_attention(q), torch.zeros(1, 2, 9, 8)),
+        "view": (lambda q: view_op.triton_kernel(q), torch.zeros(5, 2, 8)),
+        "ray": (lambda q: ray_op.triton_kernel(q, 2), torch.zeros(3, 9, 16)),
+        "linear": (lambda q: linear_op.triton_kernel(q), torch.zeros(1, 2, 9, 8)),
     }
 
 
@@ -49,22 +56,22 @@ def test_kernels_that_match_the_reference_are_used(kernel, dtype):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback warning
         assert lookup(q.to(dtype)) is not None
-    assert list(gpu_kernels._checked.values()) == [True]
+    assert list(triton_lookup._checked.values()) == [True]
     # Checked once per (kernel, device, dtype, head dim).
-    assert lookup(q.to(dtype)) is not None and len(gpu_kernels._checked) == 1
+    assert lookup(q.to(dtype)) is not None and len(triton_lookup._checked) == 1
 
 
 @interpreter
 @pytest.mark.parametrize("failure", ["raises", "wrong values"])
 def test_a_kernel_that_fails_its_check_is_not_used(monkeypatch, failure):
-    real = triton_view.polarity_view_attention_triton
+    real = view_triton.polarity_view_attention_triton
 
     def broken(*args):
         if failure == "raises":
             raise RuntimeError("PTX assembly failed\nmore detail")
         return real(*args) * 1.01
 
-    monkeypatch.setattr(triton_view, "polarity_view_attention_triton", broken)
+    monkeypatch.setattr(view_triton, "polarity_view_attention_triton", broken)
     lookup, q = _lookups()["view"]
     with pytest.warns(RuntimeWarning, match="Triton view attention kernel failed its first-use check") as record:
         assert lookup(q) is None
@@ -77,10 +84,10 @@ def test_a_kernel_that_fails_its_check_is_not_used(monkeypatch, failure):
 
 @interpreter
 def test_the_kernels_can_be_switched_off(monkeypatch):
-    monkeypatch.setenv(gpu_kernels.DISABLE_VARIABLE, "0")
+    monkeypatch.setenv(triton_lookup.DISABLE_VARIABLE, "0")
     for lookup, q in _lookups().values():
         assert lookup(q) is None
-    assert gpu_kernels._checked == {}  # nothing was run
+    assert triton_lookup._checked == {}  # nothing was run
 
 
 def test_cpu_tensors_never_reach_the_kernels_outside_the_interpreter(monkeypatch):
@@ -88,8 +95,8 @@ def test_cpu_tensors_never_reach_the_kernels_outside_the_interpreter(monkeypatch
     assert not any(
         supported
         for supported in (
-            triton_view.view_triton_supported(torch.zeros(5, 2, 8)),
-            triton_ray.ray_triton_supported(torch.zeros(3, 9, 16), 8, 9),
-            triton_kernel.triton_supported(torch.zeros(1, 2, 9, 8)),
+            view_triton.view_triton_supported(torch.zeros(5, 2, 8)),
+            ray_triton.ray_triton_supported(torch.zeros(3, 9, 16), 8, 9),
+            linear_triton.triton_supported(torch.zeros(1, 2, 9, 8)),
         )
     )

@@ -1,10 +1,11 @@
-"""The fused Triton kernel computes the linear-form polarity attention and its gradients.
+"""The fused Triton kernel of the linear op (`linear.triton_form`) computes the linear-form polarity
+attention and its gradients.
 
 Without a GPU the kernels run in Triton's CPU interpreter. Triton decides between interpreter and
 compiler for good when `triton.language` is imported (its own helpers such as `tl.zeros` are jit
 functions), which may already have happened in this pytest process. So `test_kernels_in_interpreter`
 reruns this file in a child pytest with `TRITON_INTERPRET=1`; there the kernel tests run, and here
-they are skipped. `TRITON_INTERPRET=1 pytest tests/test_triton_kernel.py` runs them directly.
+they are skipped. `TRITON_INTERPRET=1 pytest tests/test_triton_linear.py` runs them directly.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ pytest.importorskip("triton")
 
 from helpers.interpreter import INTERPRETING, assert_passes_in_interpreter, compiled_cuda, interpreter  # noqa: E402
 
-from pola_gnt.attention import triton_kernel  # noqa: E402
-from pola_gnt.attention.functional import polarity_attention, polarity_attention_linear  # noqa: E402
+from pola_gnt.attention.linear import triton_form as triton_linear  # noqa: E402
+from pola_gnt.attention.linear.op import polarity_attention  # noqa: E402
+from pola_gnt.attention.linear.pytorch_form import polarity_attention_linear  # noqa: E402
 from pola_gnt.attention.reference import polarity_attention_reference as reference  # noqa: E402
 
 
@@ -72,11 +74,11 @@ SHAPES = [
 def test_forward_matches_reference(batch, heads, num_queries, num_keys, head_dim, masked):
     q, k, v, temp_same, temp_opp, mask = make_inputs(batch, heads, num_queries, num_keys, head_dim, masked)
     with torch.no_grad():
-        out = triton_kernel.polarity_attention_triton(q, k, v, temp_same, temp_opp, mask)
+        out = triton_linear.polarity_attention_triton(q, k, v, temp_same, temp_opp, mask)
         pytorch_linear = polarity_attention(q, k, v, temp_same, temp_opp, mask, form="linear")
     assert out.shape == (batch, heads, num_queries, head_dim) and out.dtype == torch.float32
     assert_close_scaled(out, reference(q, k, v, temp_same, temp_opp, mask), rel=1e-5, name="vs float64")
-    assert_close_scaled(out, pytorch_linear, rel=1e-5, name="vs functional linear")
+    assert_close_scaled(out, pytorch_linear, rel=1e-5, name="vs PyTorch linear")
 
 
 @interpreter
@@ -87,7 +89,7 @@ def test_forward_matches_reference(batch, heads, num_queries, num_keys, head_dim
 def test_backward_matches_reference(batch, heads, num_queries, num_keys, head_dim, masked):
     inputs = make_inputs(batch, heads, num_queries, num_keys, head_dim, masked, seed=1)
     leaves, mask = inputs[:5], inputs[5]
-    out = triton_kernel.polarity_attention_triton(*leaves, mask)
+    out = triton_linear.polarity_attention_triton(*leaves, mask)
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
     grads = torch.autograd.grad(out, leaves, grad_out)
     expected = torch.autograd.grad(reference(*leaves, mask), leaves, grad_out.double())
@@ -96,7 +98,7 @@ def test_backward_matches_reference(batch, heads, num_queries, num_keys, head_di
     for name, grad, want, torch_grad, leaf in zip(names, grads, expected, pytorch_linear, leaves):
         assert grad.shape == leaf.shape, name  # temperatures reduced back to [heads, 1, 2d]
         assert_close_scaled(grad, want, rel=2e-5, name=f"d{name} vs float64")
-        assert_close_scaled(grad, torch_grad, rel=2e-5, name=f"d{name} vs functional linear")
+        assert_close_scaled(grad, torch_grad, rel=2e-5, name=f"d{name} vs PyTorch linear")
 
 
 @interpreter
@@ -105,8 +107,8 @@ def test_masked_keys_have_no_effect():
     q, k, v, temp_same, temp_opp, _ = make_inputs(1, 1, 20, 30, 16, masked=False, seed=3)
     mask = torch.zeros(1, 1, 30, dtype=torch.bool)
     mask[..., ::3] = True
-    out = triton_kernel.polarity_attention_triton(q, k, v, temp_same, temp_opp, mask)
-    kept = triton_kernel.polarity_attention_triton(q, k[..., ::3, :], v[..., ::3, :], temp_same, temp_opp)
+    out = triton_linear.polarity_attention_triton(q, k, v, temp_same, temp_opp, mask)
+    kept = triton_linear.polarity_attention_triton(q, k[..., ::3, :], v[..., ::3, :], temp_same, temp_opp)
     assert_close_scaled(out, kept, rel=1e-6)
     grad_k, grad_v = torch.autograd.grad(out.square().sum(), (k, v))
     assert grad_k[..., ~mask[0, 0], :].abs().max() == 0 and grad_v[..., ~mask[0, 0], :].abs().max() == 0
@@ -118,7 +120,7 @@ def test_all_keys_masked_gives_zeros_and_finite_grads():
     q, k, v, temp_same, temp_opp, _ = make_inputs(2, 2, 10, 7, 16, masked=False)
     mask = torch.zeros(2, 2, 7, dtype=torch.bool)
     mask[0, 0] = True  # one head keeps its keys: its output is a normal attention output
-    out = triton_kernel.polarity_attention_triton(q, k, v, temp_same, temp_opp, mask)
+    out = triton_linear.polarity_attention_triton(q, k, v, temp_same, temp_opp, mask)
     assert torch.all(out[mask.sum(-1) == 0] == 0)
     assert out[0, 0].abs().max() > 0
     grads = torch.autograd.grad(out.sum(), (q, k, v, temp_same, temp_opp))
@@ -131,7 +133,7 @@ def test_large_magnitudes_stay_finite_and_exact_fp32():
     """|q|, |k| ~ 100 push every exponent to the clamp: still finite and equal to the reference."""
     leaves_and_mask = make_inputs(1, 2, 30, 25, 16, masked=True, scale=100.0, seed=4)
     leaves, mask = leaves_and_mask[:5], leaves_and_mask[5]
-    out = triton_kernel.polarity_attention_triton(*leaves, mask)
+    out = triton_linear.polarity_attention_triton(*leaves, mask)
     assert torch.isfinite(out).all()
     assert_close_scaled(out, reference(*leaves, mask), rel=1e-5)
     grads = torch.autograd.grad(out.sum(), leaves)
@@ -147,7 +149,7 @@ def test_half_precision_large_magnitudes(dtype):
     """fp16 overflows at exp(11.1): features must be computed in fp32 from the half inputs."""
     leaves_and_mask = make_inputs(1, 2, 40, 30, 16, masked=True, scale=30.0, dtype=dtype, seed=5)
     leaves, mask = leaves_and_mask[:5], leaves_and_mask[5]
-    out = triton_kernel.polarity_attention_triton(*leaves, mask)
+    out = triton_linear.polarity_attention_triton(*leaves, mask)
     assert out.dtype == dtype and torch.isfinite(out).all()
     assert_close_scaled(out, reference(*leaves, mask), rel=1e-2)  # output rounding to half
     grads = torch.autograd.grad(out.float().sum(), leaves)
@@ -158,12 +160,12 @@ def test_half_precision_large_magnitudes(dtype):
 def test_triton_supported(monkeypatch):
     q = torch.zeros(2, 5, 16)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert triton_kernel.triton_supported(q) == q.is_cuda  # CPU without the interpreter: no
+    assert triton_linear.triton_supported(q) == q.is_cuda  # CPU without the interpreter: no
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert triton_kernel.triton_supported(q)
-    assert not triton_kernel.triton_supported(q.double())  # fp64 stays on the PyTorch path
-    assert not triton_kernel.triton_supported(torch.zeros(2, 5, 15))  # odd head dim
-    assert not triton_kernel.triton_supported(torch.zeros(2, 5, 256))  # above MAX_HEAD_DIM
+    assert triton_linear.triton_supported(q)
+    assert not triton_linear.triton_supported(q.double())  # fp64 stays on the PyTorch path
+    assert not triton_linear.triton_supported(torch.zeros(2, 5, 15))  # odd head dim
+    assert not triton_linear.triton_supported(torch.zeros(2, 5, 256))  # above MAX_HEAD_DIM
 
 
 @pytest.mark.parametrize("head_dim", [15, 256])
@@ -171,13 +173,13 @@ def test_rejects_unsupported_head_dims(head_dim):
     x = torch.zeros(1, 4, head_dim)
     temp = torch.full((1, 2 * head_dim), 0.5)
     with pytest.raises(ValueError, match="head dim"):
-        triton_kernel.polarity_attention_triton(x, x, x, temp, temp)
+        triton_linear.polarity_attention_triton(x, x, x, temp, temp)
 
 
 def test_rejects_mismatched_temperature():
     x = torch.zeros(1, 4, 16)
     with pytest.raises(ValueError, match="temp_same"):
-        triton_kernel.polarity_attention_triton(x, x, x, torch.full((1, 16), 0.5), torch.full((1, 32), 0.5))
+        triton_linear.polarity_attention_triton(x, x, x, torch.full((1, 16), 0.5), torch.full((1, 32), 0.5))
 
 
 @pytest.mark.gpu
@@ -187,7 +189,7 @@ def test_cuda_long_sequence_matches_pytorch_linear(dtype, rel):
     """64K tokens of self-attention on CUDA (compiled kernels) vs the PyTorch linear form in fp32."""
     leaves_and_mask = make_inputs(1, 4, 65536, 65536, 32, masked=True, scale=2.0, dtype=dtype, device="cuda", seed=6)
     leaves, mask = leaves_and_mask[:5], leaves_and_mask[5]
-    out = triton_kernel.polarity_attention_triton(*leaves, mask)
+    out = triton_linear.polarity_attention_triton(*leaves, mask)
     fp32_leaves = [t.detach().float().requires_grad_() for t in leaves]
     expected = polarity_attention_linear(*fp32_leaves, mask)
     assert out.dtype == dtype
@@ -206,7 +208,7 @@ def test_cuda_cross_attention_and_dispatch(head_dim):
     """Cross attention with all head dims up to 128 on CUDA; `polarity_attention` uses the kernel."""
     leaves_and_mask = make_inputs(2, 3, 1000, 777, head_dim, masked=True, device="cuda", seed=8)
     leaves, mask = leaves_and_mask[:5], leaves_and_mask[5]
-    out = triton_kernel.polarity_attention_triton(*leaves, mask)
+    out = triton_linear.polarity_attention_triton(*leaves, mask)
     assert_close_scaled(out, reference(*leaves, mask), rel=1e-5, name="forward")
     assert torch.equal(polarity_attention(*leaves, mask, form="linear"), out)
     grad_out = torch.randn(out.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(9))

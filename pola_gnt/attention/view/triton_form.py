@@ -1,6 +1,6 @@
 """Fused Triton kernels (forward and backward) for GNT's view attention in polarity form.
 
-Computes exactly `pola_gnt.attention.view_functional.polarity_view_attention`: one query per point
+Computes exactly `pola_gnt.attention.view.op.polarity_view_attention`: one query per point
 over its source views, per (point, head), with `B = EXPONENT_CLAMP` and `eps = EPSILON`:
 
     Fs_c = expm1(min(ts_c |q_c|, B))   ts_c = temp_same[c] if q_c > 0 else temp_same[d + c]
@@ -9,7 +9,7 @@ over its source views, per (point, head), with `B = EXPONENT_CLAMP` and `eps = E
     w_same_j = vis_j sum_c Fs_c K_jc same_jc,   w_opp_j = vis_j sum_c Fo_c K_jc (1 - same_jc)
     out = [sum_j w_same_j v_j[:d/2], sum_j w_opp_j v_j[d/2:]] / ([sum_j w_same_j, sum_j w_opp_j] + eps)
 
-Layout as in `view_functional`: q `[P, heads, d]`, k and v `[P, views, heads, d]` with any point,
+Layout as in `view.pytorch_form`: q `[P, heads, d]`, k and v `[P, views, heads, d]` with any point,
 view and head strides (the model's k and v are chunks of one projection `[P, views, 2 heads d]`;
 channels must be contiguous), temperatures `[heads, 2d]`, `visible` `[P, views]` (0/1) or None.
 

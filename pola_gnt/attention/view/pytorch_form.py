@@ -1,4 +1,5 @@
-"""Polarity attention of one query over a few keys per point (GNT's view attention), channel-wise.
+"""The view attention's PyTorch form: polarity attention of one query over a few keys per point
+(GNT's view attention), channel-wise.
 
 The same function as `polarity_attention(q[..., None, :], k, v, ...)` with one query per point, but
 computed without `[..., 2d]` feature tensors. Per channel `c` exactly one polarity part of `q` and of
@@ -20,27 +21,16 @@ features in backward (GNT's subtraction attention keeps several `[points, views,
 its backward).
 Numerics as in `features`: fp32 (or fp64) with autocast off, exponent inputs clamped at
 `EXPONENT_CLAMP`, `EPSILON` on each stream's denominator. The query terms: `features.PointQueryTerms`.
-The fused kernels of the same function, `triton_view` on CUDA and `cpu_kernels` on the CPU, take over
-where they can (`dispatch`); the PyTorch form below runs elsewhere.
+The fused kernels of the same function, `view.triton_form` on CUDA and `view.cpu_form` on the CPU,
+take over where they can (`view.op`); this form runs elsewhere. Inputs come in the compute dtype.
 """
 
 from __future__ import annotations
 
 import torch
-from jaxtyping import Bool, Float
 from torch import Tensor
 
-from pola_gnt.attention import cpu_kernels, gpu_kernels
-from pola_gnt.attention.dispatch import Kernel, dispatch
-from pola_gnt.attention.features import (
-    EPSILON,
-    EXPONENT_CLAMP,
-    PointQueryTerms,
-    check_even_head_dim,
-    compute_precision,
-    expm1_,
-    sign_parts,
-)
+from pola_gnt.attention.features import EPSILON, EXPONENT_CLAMP, PointQueryTerms, expm1_, sign_parts
 
 # Layout. Heads stay in place: `q [P, heads, d]`, `k, v [P, views, heads, d]` (`dim = heads * d`). Both
 # streams' per-point query terms are `[P, 2 (stream), heads, d]`. Per-point products that mix views with
@@ -170,72 +160,9 @@ class _PolarityViewAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, grad_temp_same, grad_temp_opp, None
 
 
-def _broadcasts_to(x: Tensor, shape: tuple[int, int]) -> bool:
-    """Whether `x.expand(shape)` works (per-point temperatures, say, do not go to the fused kernels)."""
-    return x.dim() <= len(shape) and all(size in (1, want) for size, want in zip(x.shape[::-1], shape[::-1]))
-
-
-def polarity_view_attention(
-    q: Float[Tensor, "*batch heads d"],
-    k: Float[Tensor, "*batch keys heads d"],
-    v: Float[Tensor, "*batch keys heads d"],
-    temp_same: Float[Tensor, "*temps 2*d"],
-    temp_opp: Float[Tensor, "*temps 2*d"],
-    key_mask: Bool[Tensor, "*batch keys"] | None = None,
-) -> Float[Tensor, "*batch heads d"]:
-    """Polarity attention of one query per point over its keys (see the module docstring).
-
-    Args:
-        q: `[..., heads, d]` one query per point (d even).
-        k, v: `[..., keys, heads, d]`.
-        temp_same, temp_opp: `[heads, 2d]` temperatures (broadcastable to `[..., heads, 2d]`).
-        key_mask: bool `[..., keys]`, True where a key may be attended; a point whose keys are all
-            masked gets zeros.
-
-    Returns:
-        `[..., heads, d]` in the dtype of `q`, equal to `polarity_attention` with one query:
-        channels `[0, d/2)` the same-sign stream, `[d/2, d)` the opposite-sign stream.
-    """
-    if k.shape != v.shape or k.shape[:-3] + k.shape[-2:] != q.shape:
-        raise ValueError(
-            f"expected q [..., heads, d], k and v [..., keys, heads, d]; got {q.shape}, {k.shape}, {v.shape}"
-        )
-    check_even_head_dim(q)
-    if key_mask is not None and (key_mask.dtype != torch.bool or key_mask.shape != k.shape[:-2]):
-        raise ValueError(f"key_mask must be bool {tuple(k.shape[:-2])}, got {key_mask.dtype} {tuple(key_mask.shape)}")
-    heads, d = q.shape[-2:]
-    views = k.shape[-3]
-    batch = q.shape[:-2]
-    temperature_shape = (heads, 2 * d)
-
-    def flat(queries: Tensor, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The kernels' layout: points flattened, `[P, heads, d]` and `[P, keys, heads, d]`."""
-        return queries.reshape(-1, heads, d), keys.reshape(-1, views, heads, d), values.reshape(-1, views, heads, d)
-
-    def triton(kernel: Kernel) -> Tensor:  # reads every input dtype, computes in fp32 itself
-        visible = None if key_mask is None else key_mask.reshape(-1, views).to(torch.float32)
-        temps = (temp_same.expand(temperature_shape), temp_opp.expand(temperature_shape))
-        return kernel(*flat(q, k, v), *temps, visible).reshape(q.shape)
-
-    def cpu(q_: Tensor, k_: Tensor, v_: Tensor, temp_same_: Tensor, temp_opp_: Tensor) -> Tensor:
-        visible = None if key_mask is None else key_mask.reshape(-1, views).to(q_.dtype)
-        temps = (temp_same_.expand(temperature_shape), temp_opp_.expand(temperature_shape))
-        return cpu_kernels.view_attention(*flat(q_, k_, v_), *temps, visible).reshape(*batch, heads, d)
-
-    def pytorch() -> Tensor:
-        with compute_precision(q, k, v, temp_same, temp_opp) as (q_, k_, v_, temp_same_, temp_opp_):
-            visible = None if key_mask is None else key_mask.reshape(-1, views, 1).to(q_.dtype)
-            out = _PolarityViewAttention.apply(*flat(q_, k_, v_), temp_same_, temp_opp_, visible)
-        return out.reshape(*batch, heads, d).to(q.dtype)
-
-    return dispatch(
-        (q, k, v, temp_same, temp_opp),
-        triton=triton,
-        triton_lookup=lambda: gpu_kernels.view_attention(q),
-        cpu=cpu,
-        head_dim=d,
-        views=views,
-        pytorch=pytorch,
-        # The fused kernels take one temperature row per head (per-point ones: the PyTorch form).
-        fused=all(_broadcasts_to(t, temperature_shape) for t in (temp_same, temp_opp)),
-    )
+def polarity_view_attention_pytorch(
+    q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor, visible: Tensor | None
+) -> Tensor:
+    """`q [P, heads, d]`, `k, v [P, views, heads, d]`, temperatures broadcastable to `[P, heads, 2d]`,
+    `visible [P, views, 1]` (0/1, dtype of q) or None; all in one compute dtype. Returns `[P, heads, d]`."""
+    return _PolarityViewAttention.apply(q, k, v, temp_same, temp_opp, visible)

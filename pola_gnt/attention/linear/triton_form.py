@@ -1,7 +1,7 @@
 """Fused Triton kernels for the linear form of polarity-aware attention (PolaFormer++ PaCS).
 
-Computes exactly `pola_gnt.attention.functional.polarity_attention(..., form="linear")` (same
-clamp bound and epsilon, imported from there), per flattened batch*head `b`:
+Computes exactly `pola_gnt.attention.linear.op.polarity_attention(..., form="linear")` (same
+clamp bound and epsilon, from `features`), per flattened batch*head `b`:
 
     K+ = expm1(min(relu(k), B)),   K- = expm1(min(relu(-k), B))            [Nk, d] each, 0 for masked keys
     kv[b, p] = K_p^T v                                                       [2 polarities, d, d]

@@ -1,4 +1,4 @@
-"""Polarity-aware attention with learnable channel-wise spiky feature maps (PolaFormer++ PaCS).
+"""The PyTorch forms of polarity-aware attention (PolaFormer++ PaCS): quadratic and chunked linear.
 
 Math (`docs/pola_attention.md`), per head with head dim `d`:
 
@@ -12,14 +12,14 @@ Math (`docs/pola_attention.md`), per head with head dim `d`:
 
 Two association orders compute the same function:
 - quadratic: `w_ij = Qs_i . K_j`, `out_i = sum_j w_ij v_j / (sum_j w_ij + eps)`, cost O(Nq Nk 2d);
-  under autograd it is checkpointed (features and weights recomputed in backward);
 - linear: `Qs (K^T v)`, cost O((Nq + Nk) 2d d), memory O((Nq + Nk) d) with the custom autograd
   function below, which recomputes the feature maps in backward instead of storing them and walks
-  long sequences in chunks so that no `[..., N, 2d]` feature tensor is ever held whole.
+  long sequences in chunks so that no `[..., N, 2d]` feature tensor is ever held whole. Short
+  sequences take the linear form over whole sequences instead (`ray.pytorch_form`).
 
 Numerics (fp32 or fp64 with autocast off, `EXPONENT_CLAMP`, `EPSILON`) and the feature maps: `features`.
-The fp64 reference that every form is tested against: `reference`. Which form runs, the fused kernels
-on CUDA (`triton_kernel`, `triton_ray`) and the CPU (`cpu_kernels`) or the PyTorch forms: `dispatch`.
+Inputs come in the compute dtype; which form runs, and the checkpointing of the quadratic form under
+autograd: `linear.op`.
 """
 
 from __future__ import annotations
@@ -29,20 +29,8 @@ from typing import Literal, overload
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
-from pola_gnt.attention import cpu_kernels, gpu_kernels
-from pola_gnt.attention.dispatch import Kernel, dispatch
-from pola_gnt.attention.features import (
-    EPSILON,
-    EXPONENT_CLAMP,
-    check_attention_shapes,
-    compute_precision,
-    expm1_,
-    key_feature_map,
-    query_feature_maps,
-)
-from pola_gnt.attention.short_linear import polarity_attention_short
+from pola_gnt.attention.features import EPSILON, EXPONENT_CLAMP, expm1_, key_feature_map, query_feature_maps
 
 # Sequence chunks of the linear form. A chunk's temporaries are about 20 [..., chunk, d] tensors; with
 # a sixteenth of the sequence per chunk they stay near one [..., N, d] tensor, so forward+backward
@@ -52,13 +40,6 @@ from pola_gnt.attention.short_linear import polarity_attention_short
 _CHUNKS_PER_SEQUENCE = 8
 _MIN_CHUNK_ELEMENTS = 2**15
 _MAX_CHUNK_ELEMENTS = 2**21
-
-# Up to this many keys the linear form runs over whole sequences at once (`short_linear`); longer
-# sequences walk in chunks (below) so that no feature tensor is held whole.
-SHORT_SEQUENCE = 2048
-
-Form = Literal["linear", "quadratic", "auto"]
-FORMS = ("linear", "quadratic", "auto")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -364,110 +345,3 @@ def polarity_attention_linear(
 ) -> Float[Tensor, "*#batch queries d"]:
     """Linear form in PyTorch (memory-lean custom autograd). Inputs already in compute dtype."""
     return _PolarityLinearAttention.apply(q, k, v, temp_same, temp_opp, key_mask)
-
-
-# --------------------------------------------------------------------------------------------------
-# Public entry point
-
-
-def resolve_form(form: str, num_queries: int, num_keys: int, head_dim: int) -> str:
-    """`auto` picks the cheaper association: O(Nq Nk 2d) quadratic vs O((Nq + Nk) 2d d) linear."""
-    if form not in FORMS:
-        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
-    if form != "auto":
-        return form
-    return "quadratic" if num_queries * num_keys <= (num_queries + num_keys) * head_dim else "linear"
-
-
-def polarity_attention(
-    q: Float[Tensor, "*#batch queries d"],
-    k: Float[Tensor, "*#batch keys d"],
-    v: Float[Tensor, "*#batch keys d"],
-    temp_same: Float[Tensor, "*temps 2*d"],
-    temp_opp: Float[Tensor, "*temps 2*d"],
-    key_mask: Bool[Tensor, "*#batch keys"] | None = None,
-    form: Form = "auto",
-) -> Float[Tensor, "*#batch queries d"]:
-    """Polarity-aware attention (PolaFormer++).
-
-    Args:
-        q: `[..., Nq, d]` queries (d even; leading dims are batch and heads).
-        k, v: `[..., Nk, d]` keys and values.
-        temp_same, temp_opp: temperatures in (0, 1], broadcastable to `[..., 1, 2d]`.
-        key_mask: bool `[..., Nk]`, True where a key may be attended; masked keys count in neither
-            numerator nor denominator. A query with every key masked gets zeros.
-        form: "linear", "quadratic" or "auto" (cheaper association order for these shapes).
-
-    Returns:
-        `[..., Nq, d]` in the dtype of `q`: channels `[0, d/2)` are the same-sign stream,
-        `[d/2, d)` the opposite-sign stream.
-    """
-    check_attention_shapes(q, k, v, key_mask)
-    resolved = resolve_form(form, q.shape[-2], k.shape[-2], q.shape[-1])
-    return dispatch(
-        (q, k, v, temp_same, temp_opp),
-        triton=lambda kernel: kernel(q, k, v, temp_same, temp_opp, key_mask),
-        triton_lookup=lambda: gpu_kernels.linear_attention(q),
-        pytorch=lambda: _polarity_attention_pytorch(q, k, v, temp_same, temp_opp, key_mask, resolved),
-        fused=resolved == "linear",  # the one fused kernel (Triton) computes the linear form
-    )
-
-
-def _polarity_attention_pytorch(
-    q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor, key_mask: Tensor | None, resolved: str
-) -> Tensor:
-    """`polarity_attention` in PyTorch, in the `resolved` form ("linear" or "quadratic")."""
-    with compute_precision(q, k, v, temp_same, temp_opp) as (q_, k_, v_, temp_same_, temp_opp_):
-        inputs = (q_, k_, v_, temp_same_, temp_opp_)
-        if resolved == "linear" and k.shape[-2] <= SHORT_SEQUENCE:
-            out = polarity_attention_short(q_, k_, v_, temp_same_, temp_opp_, key_mask)
-        elif resolved == "linear":
-            out = polarity_attention_linear(q_, k_, v_, temp_same_, temp_opp_, key_mask)
-        elif torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-            # Keep only the inputs for backward and recompute the feature maps and weights there:
-            # stored, they are several times the size of q, k, v (GNT's view attention over
-            # [points, heads, views, 2d] would hold ~2.4x the memory of GNT's own attention).
-            out = checkpoint(polarity_attention_quadratic, *inputs, key_mask, use_reentrant=False)
-        else:
-            out = polarity_attention_quadratic(q_, k_, v_, temp_same_, temp_opp_, key_mask)
-    return out.to(q.dtype)
-
-
-def polarity_ray_attention(
-    q: Float[Tensor, "rays samples dim"],
-    k: Float[Tensor, "rays samples dim"],
-    v: Float[Tensor, "rays samples dim"],
-    temp_same: Float[Tensor, "heads d2"],
-    temp_opp: Float[Tensor, "heads d2"],
-    sample_mask: Bool[Tensor, "rays samples"] | None,
-    heads: int,
-) -> Float[Tensor, "rays samples dim"]:
-    """Polarity self-attention over the samples of each ray with the heads in place: `q, k, v`
-    `[rays, samples, heads * d]` (channels contiguous, rows may be strided, as the chunks of one
-    projection are), temperatures `[heads, 2d]`. The same function as `polarity_attention` on the
-    heads-split tensors; on the CPU the fused kernel (`cpu_kernels`) computes it in one pass, on CUDA
-    the fused Triton kernel (`triton_ray`, rays of up to `MAX_SAMPLES` samples; it reads the input
-    dtype and computes in fp32 itself)."""
-
-    def triton(kernel: Kernel) -> Tensor:  # reads every input dtype, computes in fp32 itself
-        visible = None if sample_mask is None else sample_mask.to(torch.float32)
-        return kernel(q, k, v, temp_same, temp_opp, visible, heads)
-
-    def cpu(q_: Tensor, k_: Tensor, v_: Tensor, temp_same_: Tensor, temp_opp_: Tensor) -> Tensor:
-        visible = None if sample_mask is None else sample_mask.to(q_.dtype)
-        return cpu_kernels.ray_attention(q_, k_, v_, temp_same_, temp_opp_, visible, heads)
-
-    def pytorch() -> Tensor:  # the heads-split form
-        q_heads, k_heads, v_heads = (x.unflatten(-1, (heads, -1)).transpose(-2, -3) for x in (q, k, v))
-        mask = None if sample_mask is None else sample_mask.unsqueeze(-2).expand(*k_heads.shape[:-1])
-        out = polarity_attention(q_heads, k_heads, v_heads, temp_same.unsqueeze(-2), temp_opp.unsqueeze(-2), mask)
-        return out.transpose(-2, -3).flatten(-2)
-
-    return dispatch(
-        (q, k, v, temp_same, temp_opp),
-        triton=triton,
-        triton_lookup=lambda: gpu_kernels.ray_attention(q, heads),
-        cpu=cpu,
-        head_dim=q.shape[-1] // heads,
-        pytorch=pytorch,
-    )
