@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from pola_gnt.data.datamodule import SceneDataModule
-from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.runs.config.app import announce, entry_point, task_overrides
 from pola_gnt.runs.config.read import read_run_settings
 from pola_gnt.runs.config.stored import TrainedRunConfig, trained_run_config

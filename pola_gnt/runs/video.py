@@ -24,7 +24,7 @@ from pola_gnt.core.errors import UserError
 from pola_gnt.core.files import staged_file, write_atomic
 from pola_gnt.data.images import to_uint8
 from pola_gnt.data.scene import Scene
-from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.data.source_views import nearest_views, scene_selection_points, selection_points
 from pola_gnt.evaluation.scoring import colorize_depth
 from pola_gnt.geometry.camera_paths import fov_from_focal, fov_intrinsics, interpolate_path, spiral_path

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from pola_gnt.core.errors import UserError
 from pola_gnt.data.scene import Scene
-from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.geometry.camera_paths import focus_depth, fov_intrinsics, interpolate_path
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 from pola_gnt.model.renderer import RenderedImage, RenderNetwork, render_rays

@@ -22,7 +22,8 @@ from pola_gnt.runs.checkpoints import (
     resolve_checkpoint,
     stored_config_dict,
 )
-from pola_gnt.runs.config.read import IGNORED_KEYS, read_run_settings
+from pola_gnt.runs.config.read import read_run_settings
+from pola_gnt.runs.config.schema import IGNORED_KEYS
 from pola_gnt.runs.settings import RunSettings
 
 _ABSENT = object()

@@ -48,7 +48,6 @@ ROTATION_TOLERANCE = 1e-3  # max |R^T R - I| of a camera rotation (written as fl
 PINHOLE_MODELS = ("PINHOLE", "SIMPLE_PINHOLE")
 CAMERA_MODELS = (*PINHOLE_MODELS, "OPENCV", "OPENCV_FISHEYE")  # nerfstudio's, less EQUIRECTANGULAR
 DISTORTION_KEYS = ("k1", "k2", "k3", "k4", "p1", "p2")
-INTRINSIC_KEYS = ("fl_x", "fl_y", "cx", "cy", "w", "h", "camera_model", "camera_angle_x", "camera_angle_y")
 MIN_POINTS_PER_VIEW = 10  # fewer points in a view's image: the point cloud cannot bound it
 # `layout_bounds` of a forward-facing rig, in units of the rig's extent (largest distance between two camera
 # centres). LLFF's own bounds span 0.36 .. 1.65 (near) and 3.1 .. 12.8 (far) extents over fern, fortress,
