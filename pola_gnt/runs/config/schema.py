@@ -52,15 +52,16 @@ def _sub(key: str, name: str) -> str:
 
 
 def _is_section(hint: Any) -> bool:
-    """A settings class that is always there (`model.net`): a section of the schema. One that may be
-    null (`collection`, `data.random_crop`) is a value, as is everything else."""
+    """A settings class (a section of keys), not a union with one nor a value."""
     return isinstance(hint, type) and dataclasses.is_dataclass(hint)
 
 
 @functools.cache
 def hydra_schema(cls: type) -> type:
     """`cls` as the structured config Hydra composes into: the same keys, without defaults (MISSING),
-    a nested section for each section field and `Any` for every value."""
+    a nested schema for each field that is a settings class and `Any` for every other field. A
+    settings class that may be null (`collection`, `data.random_crop`) is a value too: Hydra cannot
+    merge a mapping into a typed section that is null."""
     hints = typing.get_type_hints(cls)
     fields = [
         (field.name, hydra_schema(hints[field.name]) if _is_section(hints[field.name]) else Any)
@@ -235,7 +236,7 @@ def _sequence(hint: Any, value: Any, key: str) -> Any:
     if not isinstance(value, list | tuple) or not (variadic or len(value) == len(args)):
         raise UserError(f"{key}: must be {describe(hint)}, got {value!r}")
     items = [args[0]] * len(value) if variadic else list(args)
-    if _is_section(items[0]) if items else False:  # a list of sections: each named by its index
+    if items and _is_section(items[0]):  # a list of sections: each named by its index
         read = [_value(item, entry, f"{key}[{i}]") for i, (item, entry) in enumerate(zip(items, value))]
     else:
         try:
