@@ -35,7 +35,7 @@ from omegaconf import DictConfig
 
 from pola_gnt.apps.trained_runs import load_trained_checkpoint
 from pola_gnt.core.errors import UserError
-from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.evaluation.attention_analysis import analyse_view, summary_lines
 from pola_gnt.runs.config.app import entry_point, task_overrides
 from pola_gnt.runs.config.read import read_analyze_settings

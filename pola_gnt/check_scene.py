@@ -11,7 +11,7 @@ if __name__ == "__main__":  # before torch loads OpenMP
 
 from omegaconf import DictConfig
 
-from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.runs.config.app import entry_point
 from pola_gnt.runs.config.read import read_run_settings
 

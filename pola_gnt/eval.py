@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from pola_gnt.apps.trained_runs import load_trained_checkpoint
 from pola_gnt.data.datamodule import SceneDataModule
-from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.runs.config.app import announce, entry_point, task_overrides
 from pola_gnt.runs.config.read import read_run_settings
 from pola_gnt.runs.config.stored import TrainedRunConfig, trained_run_config

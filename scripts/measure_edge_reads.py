@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from pola_gnt.data.datamodule import eval_source_ids
-from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays, points_along_rays
 from pola_gnt.model.gnt import SourceViews, gather_source_samples
 from pola_gnt.model.sampler import DepthSampler

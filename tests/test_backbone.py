@@ -13,7 +13,7 @@ from helpers import TINY_OVERRIDES, compose_config, run_settings, system_of
 
 from pola_gnt.core.errors import UserError
 from pola_gnt.data.datamodule import TrainSteps
-from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.model.backbone import AlexNetEncoder
 from pola_gnt.model.encoder import ImageEncoder
 from pola_gnt.model.feature_cache import MB, FrozenFeatureCache

@@ -20,7 +20,7 @@ from pola_gnt.core.errors import UserError
 from pola_gnt.core.paths import demo_scene_dir
 from pola_gnt.data.images import to_uint8
 from pola_gnt.data.llff import load_llff_scene
-from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.geometry.camera_paths import flip_camera_axes, focal_from_fov, fov_from_focal, fov_intrinsics
 from pola_gnt.model.renderer import render_image
 from pola_gnt.runs.checkpoints import read_checkpoint

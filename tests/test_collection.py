@@ -30,9 +30,9 @@ from pola_gnt.data.collection import CollectionGroup, CollectionScene, TrainingS
 from pola_gnt.data.datamodule import TrainSteps
 from pola_gnt.data.demo_scene import ensure_demo_scene
 from pola_gnt.data.llff import load_llff_scene, read_poses_bounds
-from pola_gnt.data.scenes import data_root
+from pola_gnt.data.scene_loading import data_root
 from pola_gnt.data.settings import CollectionFolder, CollectionSettings
-from pola_gnt.data.transforms import opengl_to_opencv
+from pola_gnt.data.transforms_json import opengl_to_opencv
 from pola_gnt.geometry.cameras import llff_to_opencv, look_at
 from pola_gnt.runs.checkpoints import read_checkpoint
 from pola_gnt.runs.config.read import read_run_settings

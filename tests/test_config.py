@@ -1,12 +1,13 @@
 """The config (`pola_gnt/runs/config/`, the settings in `runs/settings.py` and beside their consumers):
 one place for every config check with the right key names, the YAML as the one place of every
-default (the settings mirror it key for key), the YAML inheritance of the presets, device-aware
-defaults (mocked CUDA), GNT's training crop and ray scaling, and the video preview scale."""
+default (the settings are its schema, key for key), the YAML inheritance of the presets and scenes,
+device-aware defaults (mocked CUDA), and GNT's training recipe checked against the scene."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
 import typing
 from pathlib import Path
 
@@ -20,16 +21,13 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import pola_gnt
-from pola_gnt.apps.video import scaled_intrinsics
 from pola_gnt.core.errors import UserError, check_int, check_number
-from pola_gnt.data.datamodule import TrainSteps, crop_views, source_batch
-from pola_gnt.data.sampling import crop_size, draw_crop, scaled_ray_count
-from pola_gnt.data.scenes import load_scene
-from pola_gnt.data.settings import ProcessDataSettings, RandomCrop
+from pola_gnt.data.scene_loading import load_scene, scene_dir
+from pola_gnt.data.settings import ProcessDataSettings, RandomCrop, SceneSettings
 from pola_gnt.evaluation.image_metrics import PROTOCOL_DEFAULTS
-from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 from pola_gnt.runs.config.app import CONFIG_NAME, GPU_CONFIG_NAME, default_config_name
-from pola_gnt.runs.config.read import check_scene, read_process_data_settings, read_run_settings, read_video_settings
+from pola_gnt.runs.config.read import check_scene, read_process_data_settings, read_run_settings
+from pola_gnt.runs.config.schema import composition_error
 from pola_gnt.runs.settings import RunSettings
 
 
@@ -72,7 +70,7 @@ def no_gpu(monkeypatch):
         ("data.factor=0", "data.factor"),
         ("data.scale_rays_with_views=1", "data.scale_rays_with_views"),
         ("data.random_crop={heights:[300,200],area:1000}", "data.random_crop.heights"),
-        ("data.random_crop={heights:[200,300]}", "data.random_crop"),
+        ("data.random_crop={heights:[200,300]}", "data.random_crop.area"),
         ("data.random_crop={heights:[20,30],area:0}", "data.random_crop.area"),
         ("scene.kind=nerf", "scene.kind"),
         ("video.scale=0", "video.scale"),
@@ -206,117 +204,7 @@ def test_a_gpu_trainer_without_a_gpu_is_one_error_line(tmp_path, no_gpu):
     assert list(tmp_path.iterdir()) == [Path(tmp_path, ".hydra")]  # Hydra's record only, nothing of a run
 
 
-# ---- GNT's random crop and ray scaling ------------------------------------------------------
-
-
-def test_gnt_crop_sizes():
-    """Heights drawn in [250, 750) give even sides of about 400 x 600 pixels (GNT's code)."""
-    sizes = RandomCrop(heights=(250, 750), area=240000).sizes()
-    heights = [h for h, _ in sizes]
-    assert min(heights) == 250 and max(heights) == 750 and len(sizes) == 251
-    for height, width in sizes:
-        assert height % 2 == 0 and width % 2 == 0
-        assert abs(height * width - 240000) <= height + width + 1
-    assert crop_size(399, 240000) == (400, 600) and crop_size(250, 240000) == (250, 960)
-
-
-def test_draw_crop_stays_inside_the_image_and_covers_it():
-    rng = np.random.default_rng(0)
-    windows = [draw_crop(rng, (250, 750), 240000, (756, 1008), "anywhere") for _ in range(3000)]
-    assert all(w is not None for w in windows)  # every GNT size fits LLFF at factor 4
-    tops, lefts = np.array([w[0] for w in windows]), np.array([w[1] for w in windows])
-    for top, left, height, width in windows:
-        assert 0 <= top <= 756 - height and 0 <= left <= 1008 - width and 250 <= height <= 750
-    assert tops.min() == 0 and lefts.min() == 0  # uniform placement reaches the borders
-    assert max(w[0] + w[2] for w in windows) == 756 and max(w[1] + w[3] for w in windows) == 1008
-    # At factor 8 (378 x 504) no GNT size fits: the image is used whole, as in GNT's code.
-    assert all(draw_crop(rng, (250, 750), 240000, (378, 504), "anywhere") is None for _ in range(200))
-
-
-def test_crop_views_cuts_target_and_sources_alike_and_shifts_intrinsics():
-    scene = load_scene(*scene_and_data(compose_config("data.factor=32")))
-    target, sources = scene.train_ids[0], scene.train_ids[1:4]
-    batch = source_batch(scene, sources)
-    window = (10, 17, 40, 60)  # top, left, height, width
-    cropped, intrinsics, image = crop_views(batch, scene.cameras.intrinsics[target], scene.images[target], window)
-    assert torch.equal(image, scene.images[target][10:50, 17:77])
-    assert torch.equal(cropped.images, batch.images[:, :, 10:50, 17:77])
-    # A pixel (u, v) of the crop is the ray of pixel (u + left, v + top) of the whole image.
-    pixels = pixel_grid(40, 60)
-    c2w = scene.cameras.c2w[target]
-    in_crop = pixel_rays(c2w, intrinsics, pixels)
-    whole = pixel_rays(c2w, scene.cameras.intrinsics[target], pixels + torch.tensor([17.0, 10.0]))
-    torch.testing.assert_close(in_crop.directions, whole.directions)
-    # A point projects into each cropped source at its whole-image pixel minus the corner.
-    for view in range(len(sources)):
-        full, crop = batch.intrinsics[view], cropped.intrinsics[view]
-        torch.testing.assert_close(crop[:2, 2], full[:2, 2] - torch.tensor([17.0, 10.0]))
-        torch.testing.assert_close(crop[:, :2], full[:, :2])
-    assert torch.equal(batch.intrinsics, source_batch(scene, sources).intrinsics)  # not in place
-
-
-def _find_window(part: torch.Tensor, whole: torch.Tensor) -> tuple[int, int]:
-    """Where `part` `[3, h, w]` sits inside `whole` `[3, H, W]`."""
-    height, width = part.shape[-2:]
-    corner = (whole == part[:, :1, :1]).all(dim=0)  # where the first pixel's colour occurs
-    for top, left in corner.nonzero().tolist():
-        if torch.equal(whole[:, top : top + height, left : left + width], part):
-            return top, left
-    raise AssertionError("not a window of the image")
-
-
-def test_training_steps_crop_consistently_and_scale_the_rays():
-    cfg = compose_config(
-        *TINY_OVERRIDES,
-        "data.num_source_views=4",
-        "data.random_crop={heights:[40,80],area:4000}",
-        "data.scale_rays_with_views=true",
-    )
-    settings = read_run_settings(cfg)
-    scene = load_scene(*scene_and_data(cfg))
-    check_scene(settings, scene)
-    counts = set()
-    for steps in [TrainSteps(scene, settings.data, 12, seed=0, rank=0)]:
-        for step in range(12):
-            batch = steps[step].targets[0]
-            images = batch.sources.images
-            height, width = images.shape[-2:]
-            assert (height, width) in RandomCrop((40, 80), 4000).sizes()
-            corners = {
-                _find_window(images[i], scene.images[v].permute(2, 0, 1))
-                for i, v in enumerate(batch.sources.ids.tolist())
-            }
-            assert len(corners) == 1  # one window for every source
-            top, left = corners.pop()
-            shift = torch.tensor([left, top], dtype=torch.float32)
-            for i, view in enumerate(batch.sources.ids.tolist()):
-                torch.testing.assert_close(
-                    batch.sources.intrinsics[i][:2, 2], scene.cameras.intrinsics[view][:2, 2] - shift
-                )
-            # The target's rays and colours come from the same window.
-            target = batch.view
-            window = scene.images[target][top : top + height, left : left + width].reshape(-1, 3)
-            matches = (batch.rgb[:, None, :] == window[None]).all(-1)
-            assert matches.any(dim=1).all()
-            drawn = len(batch.sources.ids)
-            assert len(batch.rgb) == scaled_ray_count(64, 4, drawn) == int(64 * 4 / drawn)
-            counts.add(len(batch.rgb))
-    assert len(counts) > 1  # the number of views drawn varies, and the rays with it
-
-
-def test_without_the_recipe_the_steps_are_unchanged():
-    """Off (the quick preset), a step draws exactly what it drew before: same views, rays, colours."""
-    cfg = compose_config(*TINY_OVERRIDES)
-    scene = load_scene(*scene_and_data(cfg))
-    plain = TrainSteps(scene, read_run_settings(cfg).data, 4, seed=0, rank=0)
-    for step in range(4):
-        batch = plain[step].targets[0]
-        assert len(batch.rgb) == 64 and batch.sources.images.shape[-2:] == scene.images.shape[1:3]
-    # The random crop only changes what the crop draws, after the views.
-    cropped = compose_config(*TINY_OVERRIDES, "data.random_crop={heights:[40,80],area:4000}")
-    with_crop = TrainSteps(scene, read_run_settings(cropped).data, 4, seed=0, rank=0)
-    for step in range(4):
-        assert torch.equal(plain[step].targets[0].sources.ids, with_crop[step].targets[0].sources.ids)
+# ---- GNT's recipe against the scene ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -340,24 +228,6 @@ def test_the_recipe_is_checked_against_the_scene(overrides, key):
         cfg = compose_config(*TINY_OVERRIDES, *overrides)
         check_scene(read_run_settings(cfg), load_scene(*scene_and_data(cfg)))
     assert key in str(error.value) and "\n" not in str(error.value), str(error.value)
-
-
-# ---- video preview scale --------------------------------------------------------------------
-
-
-def test_video_scale_renders_the_same_camera_at_a_fraction_of_the_size():
-    video = compose_config("video.scale=0.5").video
-    settings = read_video_settings(video)
-    assert settings.scale == 0.5 and settings.resolution(94, 126) == (47, 63)
-    intrinsics = torch.tensor([[100.0, 0.0, 63.0], [0.0, 100.0, 47.0], [0.0, 0.0, 1.0]])
-    half = scaled_intrinsics(intrinsics, (94, 126), (47, 63))
-    c2w = torch.eye(4)
-    # Pixel (u, v) at half size looks along the ray of pixel (2u, 2v) at full size.
-    pixels = pixel_grid(47, 63)
-    torch.testing.assert_close(
-        pixel_rays(c2w, half, pixels).directions, pixel_rays(c2w, intrinsics, 2 * pixels).directions
-    )
-    assert read_run_settings(compose_config()).video.scale == 1.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -414,7 +284,7 @@ def test_run_settings_mirror_the_yaml_key_for_key(model, experiment):
         if yaml_leaves[key] is None:
             yaml_leaves[key] = default
     # the one key a config may leave out: a collection folder's kind (cpu_mix's folders, written before
-    # kinds as the shipped checkpoints store them, have none) is auto (runs/config/read.py, _collection)
+    # kinds as the shipped checkpoints store them, have none) is auto (runs/config/read.py, yaml_forms)
     for folder in yaml_leaves.get("collection.folders") or []:
         folder.setdefault("kind", "auto")
     assert sorted(yaml_leaves) == sorted(settings_leaves)
@@ -458,6 +328,42 @@ def test_a_key_that_nothing_reads_is_one_error_line_naming_it():
     cfg = compose_run_config("+trainer.max_step=5")
     with pytest.raises(UserError, match=r"^trainer\.max_step: not a config key"):
         read_run_settings(cfg)
+
+
+def test_a_misspelt_key_is_one_error_line_naming_the_meant_one(tmp_path):
+    """The settings classes are Hydra's schema: a key that is no setting stops the command as it
+    composes its config, given on the command line or written in a YAML file, in one line."""
+    meant = r"^model\.net\.widht: not a config key; did you mean model\.net\.width\?$"
+    with pytest.raises(UserError, match=meant):
+        compose_run_config("model.net.widht=3")
+    result = run_in_process("check_scene", "scene=fern", "model.net.widht=3")
+    assert_one_error_line(result, "error: model.net.widht: not a config key", "model.net.width?")
+    assert_one_error_line(run_in_process("check_scene", "model.net=5"), "error: model.net: must be a config section")
+    conf = tmp_path / "conf"
+    shutil.copytree(CONFIG_DIR, conf)
+    (conf / "scene" / "typo.yaml").write_text("defaults:\n  - llff\n  - _self_\n\nname: fern\nrigg: auto\n")
+    with initialize_config_dir(str(conf), version_base="1.3"), pytest.raises(Exception) as error:
+        compose("config", overrides=["scene=typo"])
+    assert str(composition_error(error.value, RunSettings)) == "scene.rigg: not a config key; did you mean scene.rig?"
+
+
+def test_a_scenes_settings_live_in_one_file():
+    """conf/scene/fern.yaml and its kin name one scene over the settings of its kind (llff.yaml,
+    blender.yaml), nothing else: `scene=fern` is `scene=llff scene.name=fern`."""
+    named = {}
+    for file in sorted((Path(CONFIG_DIR) / "scene").glob("*.yaml")):
+        content = yaml.safe_load(file.read_text())
+        if "defaults" in content:
+            named[file.stem] = base = content["defaults"][0]
+            assert content == {"defaults": [base, "_self_"], "name": file.stem}, file
+            scene = compose_run_config(f"scene={file.stem}").scene
+            assert scene == compose_run_config(f"scene={base}", f"scene.name={file.stem}").scene
+    assert sorted(named.values()) == ["blender"] * 8 + ["llff"] * 8
+    assert read_run_settings(compose_run_config("scene=lego")).scene == SceneSettings("lego", "blender", None, "object")
+    assert read_run_settings(compose_run_config("scene=fern")).scene == SceneSettings("fern", "llff", None, "auto")
+    unnamed = read_run_settings(compose_run_config("scene=blender"))
+    with pytest.raises(UserError, match=r"^scene=blender needs scene.path=DIR \(or scene.name=NAME under data.synt"):
+        scene_dir(unnamed.scene, unnamed.data)
 
 
 def test_only_the_entry_points_and_the_config_package_read_the_raw_config():

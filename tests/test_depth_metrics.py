@@ -14,7 +14,7 @@ from helpers import compose_config, scene_and_data
 from hypothesis import given, settings
 
 from pola_gnt.data.demo_scene import demo_depth
-from pola_gnt.data.scenes import exact_depth_source, load_scene
+from pola_gnt.data.scene_loading import exact_depth_source, load_scene
 from pola_gnt.evaluation.depth_metrics import best_abs_rel_constant, best_constant_errors, depth_errors
 from pola_gnt.geometry.projection import project_points
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays, points_along_rays

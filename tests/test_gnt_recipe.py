@@ -12,7 +12,7 @@ from helpers import TINY_OVERRIDES, compose_config, scene_and_data, system_of
 
 from pola_gnt.data.datamodule import TrainSteps
 from pola_gnt.data.sampling import GNT_CROP_MARGINS, draw_crop_position
-from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.data.source_views import POOL_FACTORS, random_training_views
 from pola_gnt.runs.config.read import read_run_settings
 

@@ -21,7 +21,7 @@ from pola_gnt.core.errors import UserError
 from pola_gnt.core.paths import PROJECT_ROOT
 from pola_gnt.data.images import list_images, read_image
 from pola_gnt.data.llff import load_llff_scene, read_poses_bounds
-from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.runs.checkpoints import resolve_checkpoint
 from pola_gnt.runs.config.read import check_scene, read_run_settings
 

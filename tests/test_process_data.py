@@ -25,7 +25,7 @@ from pola_gnt.data.capture import prepare_capture, sharpness
 from pola_gnt.data.images import to_uint8
 from pola_gnt.data.llff import load_llff_scene, read_poses_bounds
 from pola_gnt.data.processing import process_data, training_factor, undistort_to_pinhole
-from pola_gnt.data.transforms import load_transforms_scene, read_transforms
+from pola_gnt.data.transforms_json import load_transforms_scene, read_transforms
 from pola_gnt.geometry.cameras import llff_to_opencv
 
 pytest.importorskip("pycolmap")

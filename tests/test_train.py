@@ -22,7 +22,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 
 from pola_gnt.data.batches import RayBatch, TrainingBatch
 from pola_gnt.data.datamodule import TrainSteps
-from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.evaluation.image_metrics import mse_to_psnr
 from pola_gnt.geometry.rays import Rays
 from pola_gnt.runs.config.read import read_run_settings

@@ -21,6 +21,7 @@ from pola_gnt.apps.video import (
     FRAMES_FOLDER,
     RGB_VIDEO,
     render_frames,
+    scaled_intrinsics,
     video_camera_path,
     write_videos,
 )
@@ -28,9 +29,10 @@ from pola_gnt.core.errors import UserError
 from pola_gnt.core.paths import demo_scene_dir
 from pola_gnt.data.images import to_uint8
 from pola_gnt.data.llff import load_llff_scene
-from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.evaluation.image_metrics import mse_to_psnr
 from pola_gnt.geometry.camera_paths import focus_depth, interpolate_path, spiral_path
+from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 from pola_gnt.model.render_memory import CPU_BUDGET_MB, budget_chunk_rays, bytes_per_ray
 from pola_gnt.model.renderer import RenderedImage, render_image
 from pola_gnt.runs.checkpoints import read_checkpoint
@@ -322,3 +324,18 @@ def test_render_chunks_fit_the_memory_budget():
     assert budget_chunk_rays(tiny, net, 10, cpu) == 1
     with pytest.raises(UserError, match="render.max_memory_mb"):
         read_run_settings(compose_config("render.max_memory_mb=-5"))
+
+
+def test_video_scale_renders_the_same_camera_at_a_fraction_of_the_size():
+    video = compose_config("video.scale=0.5").video
+    settings = read_video_settings(video)
+    assert settings.scale == 0.5 and settings.resolution(94, 126) == (47, 63)
+    intrinsics = torch.tensor([[100.0, 0.0, 63.0], [0.0, 100.0, 47.0], [0.0, 0.0, 1.0]])
+    half = scaled_intrinsics(intrinsics, (94, 126), (47, 63))
+    c2w = torch.eye(4)
+    # Pixel (u, v) at half size looks along the ray of pixel (2u, 2v) at full size.
+    pixels = pixel_grid(47, 63)
+    torch.testing.assert_close(
+        pixel_rays(c2w, half, pixels).directions, pixel_rays(c2w, intrinsics, 2 * pixels).directions
+    )
+    assert read_run_settings(compose_config()).video.scale == 1.0

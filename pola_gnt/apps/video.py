@@ -26,7 +26,7 @@ from pola_gnt.apps.trained_runs import TrainedCheckpoint, load_trained_checkpoin
 from pola_gnt.core.errors import UserError
 from pola_gnt.core.files import staged_file, write_atomic
 from pola_gnt.data.scene import Scene
-from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.geometry.camera_paths import fov_intrinsics, interpolate_path, spiral_path
 from pola_gnt.model.inference import FastRenderNetwork
 from pola_gnt.model.render_memory import budget_chunk_rays

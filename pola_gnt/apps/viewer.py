@@ -46,7 +46,7 @@ from pola_gnt.apps.trained_runs import TrainedCheckpoint, load_trained_checkpoin
 from pola_gnt.apps.video import write_path_videos
 from pola_gnt.core.errors import UserError
 from pola_gnt.data.scene import Scene
-from pola_gnt.data.scenes import load_scene
+from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.geometry.camera_paths import focus_depth, fov_intrinsics, interpolate_path
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 from pola_gnt.model.render_memory import budget_chunk_rays

@@ -27,7 +27,7 @@ import torch
 from pola_gnt.core.errors import UserError
 from pola_gnt.data.scene import Scene, evenly_spaced
 from pola_gnt.data.source_views import resolve_rig
-from pola_gnt.data.transforms import area_downsample, frame_file, frame_matrix, opengl_to_opencv, read_json
+from pola_gnt.data.transforms_json import area_downsample, frame_file, frame_matrix, opengl_to_opencv, read_json
 from pola_gnt.geometry.cameras import Cameras
 
 FULL_WIDTH = 800  # NeRF's synthetic frames are 800 x 800

@@ -29,7 +29,7 @@ from pola_gnt.data.llff import load_llff_scene
 from pola_gnt.data.procedural import ensure_procedural_scene, procedural_rig
 from pola_gnt.data.scene import Scene
 from pola_gnt.data.settings import CollectionFolder, CollectionSettings, DataSettings
-from pola_gnt.data.transforms import TRANSFORMS_FILE, load_transforms_scene
+from pola_gnt.data.transforms_json import TRANSFORMS_FILE, load_transforms_scene
 
 MB = 2**20
 # `collection.folders[i].kind`: auto, or the kind of scene the folder holds.

@@ -48,7 +48,7 @@ from pola_gnt.data.colmap import (
 )
 from pola_gnt.data.images import downsample_folder, image_folder_name, read_image
 from pola_gnt.data.settings import ProcessDataSettings
-from pola_gnt.data.transforms import TRANSFORMS_FILE, transforms_document, write_ply_points
+from pola_gnt.data.transforms_json import TRANSFORMS_FILE, transforms_document, write_ply_points
 from pola_gnt.geometry.cameras import opencv_to_llff
 
 MIN_IMAGES = 3

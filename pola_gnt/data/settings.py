@@ -1,21 +1,33 @@
 """The data settings: which scene (`SceneSettings`), how a training step draws its views, crop and
 rays (`DataSettings`), and how `process_data` reconstructs a capture (`ProcessDataSettings`). Plain
-frozen values; their defaults live in `conf/` only, and they are read and checked from the config in
-one place (`pola_gnt.runs.config`)."""
+frozen values; they are the config's schema (`pola_gnt.runs.config.schema`): each field is a key of
+`conf/`, whose YAML files hold every default. The reader checks each value's type from its annotation;
+`check(key)` adds the ranges and choices, naming the full key (`key` is the section's)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from pola_gnt.data.sampling import crop_size, scaled_ray_count
+from pola_gnt.core.errors import UserError, check_choice, check_int, check_number
+from pola_gnt.data.sampling import CROP_PLACEMENTS, crop_size, scaled_ray_count
+from pola_gnt.data.source_views import POOL_FACTORS, RIG_CHOICES
+
+MAX_SEED = 2**32 - 1  # numpy's and Lightning's seed range
 
 
 @dataclass(frozen=True)
 class SceneSettings:
     name: str
-    kind: str  # one of pola_gnt.data.scenes.SCENE_KINDS
+    kind: str  # a key of pola_gnt.data.scene_loading.SCENE_KINDS
     path: str | None  # the scene folder; None: data.root / name (blender: data.synthetic_root / name; demo: generated)
     rig: str  # auto (from the cameras) | forward (LLFF-like) | object (around an object): how sources are chosen
+
+    def check(self, key: str) -> None:
+        from pola_gnt.data.scene_loading import SCENE_KINDS  # it loads these settings
+
+        check_choice(self.kind, f"{key}.kind", tuple(SCENE_KINDS))
+        check_choice(self.rig, f"{key}.rig", RIG_CHOICES)
 
 
 @dataclass(frozen=True)
@@ -28,6 +40,15 @@ class CollectionFolder:
     rig: str
     weight: float  # relative share of the training steps
 
+    def check(self, key: str) -> None:
+        from pola_gnt.data.collection import FOLDER_KINDS  # it reads these settings
+
+        if not self.path:
+            raise UserError(f"{key}.path: must be a scene folder (absolute, or relative to data.root)")
+        check_choice(self.kind, f"{key}.kind", FOLDER_KINDS)
+        check_choice(self.rig, f"{key}.rig", RIG_CHOICES)
+        check_number(self.weight, f"{key}.weight", 0, None, low_open=False)
+
 
 @dataclass(frozen=True)
 class ProceduralFamily:
@@ -37,6 +58,11 @@ class ProceduralFamily:
     count: int
     weight: float
 
+    def check(self, key: str) -> None:
+        check_int(self.seed, f"{key}.seed", minimum=0, maximum=MAX_SEED)
+        check_int(self.count, f"{key}.count", minimum=0)
+        check_number(self.weight, f"{key}.weight", 0, None, low_open=False)
+
 
 @dataclass(frozen=True)
 class CollectionSettings:
@@ -45,6 +71,13 @@ class CollectionSettings:
     name: str
     folders: tuple[CollectionFolder, ...]
     procedural: ProceduralFamily | None
+
+    def check(self, key: str) -> None:
+        procedural = self.procedural if self.procedural and self.procedural.count else None
+        if not self.folders and not procedural:
+            raise UserError(f"{key}: {self.name} has no scenes (folders is empty and no procedural scenes)")
+        if sum(f.weight for f in self.folders) + (procedural.weight if procedural else 0.0) <= 0:
+            raise UserError(f"{key}: every weight of {self.name} is 0; no scene could be drawn")
 
 
 @dataclass(frozen=True)
@@ -58,6 +91,12 @@ class RandomCrop:
     def sizes(self) -> list[tuple[int, int]]:
         """Every (height, width) the draw can give."""
         return sorted({crop_size(height, self.area) for height in range(*self.heights)})
+
+    def check(self, key: str) -> None:
+        low, high = self.heights
+        if not 1 <= low < high:
+            raise UserError(f"{key}.heights: must be [low, high] crop heights in pixels, low < high, got {[low, high]}")
+        check_int(self.area, f"{key}.area")
 
 
 @dataclass(frozen=True)
@@ -89,6 +128,34 @@ class DataSettings:
         fewest = max(1, self.num_source_views - 2)
         return scaled_ray_count(self.rays_per_step, self.num_source_views, fewest)
 
+    def check(self, key: str) -> None:
+        if self.crop is not None and min(self.crop) < 1:
+            raise UserError(f"{key}.crop: must be null or [height, width] in pixels, got {list(self.crop)}")
+        if self.crop is not None and self.random_crop is not None:
+            raise UserError(f"{key}.random_crop: set together with {key}.crop; choose one (null the other)")
+        check_int(self.factor, f"{key}.factor")
+        why = "NeRF's Blender frames are read at 800 / synthetic_factor px"
+        check_int(self.synthetic_factor, f"{key}.synthetic_factor", why=why)
+        why = "every N-th view is held out for testing; 0 would leave nothing to score"
+        check_int(self.llffhold, f"{key}.llffhold", why=why)
+        if self.test_views is not None:
+            check_int(self.test_views, f"{key}.test_views")
+        check_int(self.num_source_views, f"{key}.num_source_views")
+        weights = self.source_pool_weights
+        if weights is not None and not (
+            len(weights) == len(POOL_FACTORS) and min(weights) >= 0 and math.isfinite(sum(weights)) and sum(weights) > 0
+        ):
+            raise UserError(
+                f"{key}.source_pool_weights: must be null (uniform) or {len(POOL_FACTORS)} weights >= 0 of the "
+                f"pool factors {list(POOL_FACTORS)} (GNT: [0.2, 0.45, 0.35]), got {list(weights)}"
+            )
+        check_number(self.target_as_source_rate, f"{key}.target_as_source_rate", 0, 1, low_open=False)
+        check_int(self.targets_per_step, f"{key}.targets_per_step")
+        check_int(self.rays_per_step, f"{key}.rays_per_step")
+        check_choice(self.crop_placement, f"{key}.crop_placement", CROP_PLACEMENTS)
+        check_int(self.val_rays, f"{key}.val_rays")
+        check_int(self.cache_mb, f"{key}.cache_mb")
+
 
 @dataclass(frozen=True)
 class ProcessDataSettings:
@@ -108,3 +175,17 @@ class ProcessDataSettings:
     seed: int  # COLMAP's random seed
     deterministic: bool  # mapping on one thread: the same capture gives the same model (up to rounding)
     progress: bool
+
+    def check(self, key: str) -> None:
+        """The keys are bare: this is the whole of conf/process_data.yaml (`key` is empty)."""
+        from pola_gnt.data.colmap import CAMERA_MODELS, CAMERA_MODES, MATCHING  # it reads these settings
+
+        check_int(self.frames, "frames")
+        check_choice(self.camera, "camera", CAMERA_MODES)
+        check_choice(self.camera_model, "camera_model", CAMERA_MODELS)
+        check_choice(self.matching, "matching", MATCHING)
+        check_int(self.max_image_size, "max_image_size")
+        check_int(self.max_features, "max_features")
+        check_number(self.min_registered, "min_registered", 0, 1, low_open=False, why="a fraction of the images")
+        check_int(self.threads, "threads", minimum=-1, why="-1: every core")
+        check_int(self.seed, "seed", minimum=0, maximum=MAX_SEED)

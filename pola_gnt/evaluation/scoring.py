@@ -77,7 +77,7 @@ class ViewResult:
 
 class ViewScorer:
     """Scores one rendered test view and the no-learning baseline (nearest training image, unwarped);
-    with `exact_depth` (`view -> [H, W]` in the rendered depth's units, `scenes.exact_depth_source`),
+    with `exact_depth` (`view -> [H, W]` in the rendered depth's units, `scene_loading.exact_depth_source`),
     also the rendered depth and the best constant depth against it, in the scene's own units."""
 
     def __init__(

@@ -1,10 +1,14 @@
 """The model's settings: the network (`NetSettings`, with its encoder's) and how rays are sampled and
-rendered (`RenderSettings`). Plain frozen values; their defaults live in `conf/` only, and they are
-read and checked from the config in one place (`pola_gnt.runs.config`)."""
+rendered (`RenderSettings`). Plain frozen values; they are the config's schema
+(`pola_gnt.runs.config.schema`): each field is a key of `conf/`, whose YAML files hold every default.
+The reader checks each value's type from its annotation; `check(key)` adds the ranges and choices."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from pola_gnt.attention.registry import RAY_ATTENTIONS, VIEW_ATTENTIONS
+from pola_gnt.core.errors import UserError, check_choice, check_int, check_number
 
 # `model.net.compat`: "none" is this project's network; "gnt" reproduces the forward of GNT's official
 # code exactly, for its converted checkpoints (`python -m pola_gnt.convert_gnt`; see `model.gnt`).
@@ -36,6 +40,21 @@ class EncoderSettings:
             return 31
         return 2 ** (len(self.stage_channels) + 1) + 1
 
+    def check(self, key: str) -> None:
+        for name, what in (("stage_channels", "channel counts"), ("stage_blocks", "block counts")):
+            values = getattr(self, name)
+            if min(values, default=1) < 1:
+                raise UserError(f"{key}.{name}: must be a list of positive {what}, got {list(values)}")
+        if len(self.stage_channels) != len(self.stage_blocks) or len(self.stage_channels) < 2:
+            raise UserError(
+                f"{key}: stage_channels {list(self.stage_channels)} and stage_blocks {list(self.stage_blocks)} "
+                f"must have equal lengths of at least 2"
+            )
+        check_int(self.feature_channels, f"{key}.feature_channels")
+        check_choice(self.backbone, f"{key}.backbone", BACKBONES)
+        check_int(self.backbone_trainable_layers, f"{key}.backbone_trainable_layers", 0, 5)
+        check_int(self.feature_cache_mb, f"{key}.feature_cache_mb", minimum=0, why="0: no cache")
+
 
 @dataclass(frozen=True)
 class NetSettings:
@@ -61,6 +80,44 @@ class NetSettings:
         """The forward of GNT's official code (`compat: gnt`), not this project's."""
         return self.compat == "gnt"
 
+    def check(self, key: str) -> None:
+        check_int(self.width, f"{key}.width")
+        check_int(self.heads, f"{key}.heads")
+        if self.width % (2 * self.heads):
+            raise UserError(f"{key}.width: {self.width} must be divisible by 2 * {key}.heads ({2 * self.heads})")
+        # the registries' keys, as registered when read
+        check_choice(self.view_attention, f"{key}.view_attention", tuple(VIEW_ATTENTIONS))
+        check_choice(self.ray_attention, f"{key}.ray_attention", tuple(RAY_ATTENTIONS))
+        check_int(self.n_blocks, f"{key}.n_blocks")
+        check_int(self.ffn_mult, f"{key}.ffn_mult")
+        check_int(self.n_freqs, f"{key}.n_freqs", minimum=0)
+        check_number(self.dropout, f"{key}.dropout", 0, 1, low_open=False, high_open=True)
+        check_number(self.encoder_input_scale, f"{key}.encoder_input_scale", 0, 1)
+        check_number(self.readout_consistency_prior, f"{key}.readout_consistency_prior", 0, None, low_open=False)
+        check_choice(self.compat, f"{key}.compat", COMPAT_MODES)
+        if self.gnt_compatible:
+            self._check_gnt_compat(key)
+
+    def _check_gnt_compat(self, key: str) -> None:
+        """`compat: gnt` is GNT's own network: its attention kinds, its plain mean read-out."""
+        if self.encoder.backbone != "none":
+            backbone = f"{key}.encoder.backbone"
+            raise UserError(
+                f"{backbone}: {self.encoder.backbone!r} with {key}.compat=gnt, GNT's network (set {backbone}=none)"
+            )
+        gnt_values = {
+            "view_attention": (self.view_attention, "subtraction"),
+            "ray_attention": (self.ray_attention, "softmax"),
+            "readout_consistency_prior": (self.readout_consistency_prior, 0.0),
+            "readout_source_colour": (self.readout_source_colour, False),
+        }
+        for name, (value, gnt_value) in gnt_values.items():
+            if value != gnt_value:
+                raise UserError(
+                    f"{key}.{name}: {value!r} with {key}.compat=gnt, which is GNT's network "
+                    f"(set {key}.{name}={str(gnt_value).lower()}, or {key}.compat=none)"
+                )
+
 
 @dataclass(frozen=True)
 class ModelSettings:
@@ -75,3 +132,12 @@ class RenderSettings:
     chunk_rays: int  # rays per forward pass when rendering whole images
     max_memory_mb: float | None  # fewer rays per pass when chunk_rays would need more; None: by device
     precision: str  # auto | fp32 | bf16 of full-image renders (test views, videos, viewer): model.inference
+
+    def check(self, key: str) -> None:
+        from pola_gnt.model.inference import PRECISIONS  # it imports the network, which takes these settings
+
+        check_int(self.n_samples, f"{key}.n_samples", minimum=2, why="samples per ray")
+        check_int(self.chunk_rays, f"{key}.chunk_rays")
+        if self.max_memory_mb is not None:
+            check_number(self.max_memory_mb, f"{key}.max_memory_mb", 0)
+        check_choice(self.precision, f"{key}.precision", PRECISIONS)

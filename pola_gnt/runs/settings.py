@@ -1,20 +1,23 @@
 """The typed settings of every command: one frozen object per config section, built and checked once
 from the composed Hydra config by `pola_gnt.runs.config` and passed whole to the code that uses it.
 
-`RunSettings` mirrors `conf/config.yaml` section by section and key by key (train, eval,
-render_video, analyze, check_scene); `data.settings.ProcessDataSettings` mirrors
-`conf/process_data.yaml`. The sections that lower layers consume are defined there (`data.settings`, `model.settings`,
-`evaluation.settings`); the YAML files are the one place each default lives (tests/test_config.py
-keeps the two from drifting).
+The settings classes are the config's schema (`pola_gnt.runs.config.schema`): `RunSettings` is
+`conf/config.yaml` section by section and key by key (train, eval, render_video, analyze,
+check_scene), `data.settings.ProcessDataSettings` is `conf/process_data.yaml`. The sections that
+lower layers consume are defined there (`data.settings`, `model.settings`, `evaluation.settings`).
+A field has no default: the YAML files are the one place each default lives. The reader checks each
+value's type from its annotation; a class's `check(key)` adds its ranges and choices, naming the full
+key (`key` is the section's own: `trainer`, or empty for the whole config).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pola_gnt.core.errors import UserError
-from pola_gnt.data.settings import CollectionSettings, DataSettings, SceneSettings
+from pola_gnt.core.errors import UserError, check_choice, check_int, check_number, is_int
+from pola_gnt.data.settings import MAX_SEED, CollectionSettings, DataSettings, SceneSettings
 from pola_gnt.evaluation.settings import MetricsSettings, OutputSettings
+from pola_gnt.geometry.camera_paths import PATH_KINDS
 from pola_gnt.model.settings import ModelSettings, RenderSettings
 
 # Lightning accelerators that need a CUDA device.
@@ -28,10 +31,17 @@ class OptimSettings:
     decay_steps: int  # both learning rates are multiplied by decay_rate every decay_steps
     decay_rate: float
 
+    def check(self, key: str) -> None:
+        check_number(self.lr_transformer, f"{key}.lr_transformer", 0)
+        check_number(self.lr_encoder, f"{key}.lr_encoder", 0)
+        check_int(self.decay_steps, f"{key}.decay_steps")
+        check_number(self.decay_rate, f"{key}.decay_rate", 0, 1, why="1 = no decay")
+
 
 @dataclass(frozen=True)
 class TrainerSettings:
-    """Lightning's `Trainer` arguments (`conf/trainer/*.yaml`), checked; `max_time` in seconds."""
+    """Lightning's `Trainer` arguments (`conf/trainer/*.yaml`), checked; `max_time` in seconds (the
+    YAML's minutes, "DD:HH:MM:SS" or mapping: `runs.config.read`)."""
 
     accelerator: str
     devices: int | str | list[int]  # a count, -1 or auto, or the device indices
@@ -49,6 +59,35 @@ class TrainerSettings:
     enable_model_summary: bool
     num_sanity_val_steps: int
     fast_dev_run: bool | int  # a quick check of the code: that many batches of each loop, nothing saved
+
+    def check(self, key: str) -> None:
+        max_steps, interval = check_int(self.max_steps, f"{key}.max_steps"), self.val_check_interval
+        if not (is_int(interval) and interval >= 1) and not (isinstance(interval, float) and 0 < interval <= 1):
+            raise UserError(f"{key}.val_check_interval: must be a positive number of steps, got {interval!r}")
+        if is_int(interval) and interval > max_steps:
+            raise UserError(
+                f"{key}.val_check_interval: {interval} is more than {key}.max_steps ({max_steps}); "
+                f"validation would never run"
+            )
+        if self.gradient_clip_val is not None:
+            check_number(self.gradient_clip_val, f"{key}.gradient_clip_val", 0, low_open=False, why="or null")
+        devices = self.devices  # the reader gave an integer, a string or a list of integers
+        count = isinstance(devices, int) and (devices >= 1 or devices == -1)
+        if not (count or isinstance(devices, str) or (isinstance(devices, list) and min(devices, default=0) >= 0)):
+            raise UserError(f"{key}.devices: must be a number of devices, -1, auto or a list, got {devices!r}")
+        check_int(self.num_nodes, f"{key}.num_nodes")
+        if not all(minutes > 0 for minutes in self.checkpoint_minutes):
+            raise UserError(
+                f"{key}.checkpoint_minutes: must be a list of positive minutes, e.g. [1, 2], "
+                f"got {list(self.checkpoint_minutes)}"
+            )
+        if self.check_val_every_n_epoch is not None:
+            check_int(self.check_val_every_n_epoch, f"{key}.check_val_every_n_epoch")
+        check_int(self.log_every_n_steps, f"{key}.log_every_n_steps")
+        check_int(self.num_sanity_val_steps, f"{key}.num_sanity_val_steps", minimum=0)
+        if not isinstance(self.fast_dev_run, bool):
+            why = "false, true, or a number of batches of each loop (a quick check of the code)"
+            check_int(self.fast_dev_run, f"{key}.fast_dev_run", why=why)
 
     def check_device(self, key: str = "trainer.accelerator") -> None:
         """A CUDA trainer (`trainer=gpu`, `experiment=paper`) on a machine without one: one line."""
@@ -85,6 +124,10 @@ class AnalyzeSettings:
     n_rays: int
     test_view: int
 
+    def check(self, key: str) -> None:
+        check_int(self.n_rays, f"{key}.n_rays")
+        check_int(self.test_view, f"{key}.test_view", minimum=0)
+
 
 @dataclass(frozen=True)
 class VideoSettings:
@@ -103,6 +146,17 @@ class VideoSettings:
         """The frame size for a scene of `height` x `width` (at least 1 pixel per side)."""
         return max(1, round(height * self.scale)), max(1, round(width * self.scale))
 
+    def check(self, key: str) -> None:
+        if not self.path.endswith(".json"):
+            check_choice(self.path, f"{key}.path", (*PATH_KINDS, "FILE.json"))
+        if self.save_path is not None and not self.save_path.endswith(".json"):
+            raise UserError(f"{key}.save_path: must be null or a FILE.json, got {self.save_path!r}")
+        check_int(self.frames, f"{key}.frames")
+        check_number(self.fps, f"{key}.fps", 0)
+        check_number(self.radius_scale, f"{key}.radius_scale", 0)
+        check_int(self.crf, f"{key}.crf", minimum=0, maximum=51, why="0 lossless, 51 worst")
+        check_number(self.scale, f"{key}.scale", 0, 1, why="a fraction of the scene's resolution")
+
 
 @dataclass(frozen=True)
 class ViewSettings:
@@ -112,6 +166,12 @@ class ViewSettings:
     port: int  # 0: any free port
     preview_rays: int  # the first image after a camera move has at most this many rays
     height: int | None  # the full-resolution image's height; None: the scene's
+
+    def check(self, key: str) -> None:
+        check_int(self.port, f"{key}.port", minimum=0, maximum=65535, why="0: any free port")
+        check_int(self.preview_rays, f"{key}.preview_rays")
+        if self.height is not None:
+            check_int(self.height, f"{key}.height", why="pixels")
 
 
 @dataclass(frozen=True)
@@ -133,3 +193,7 @@ class RunSettings:
     analyze: AnalyzeSettings
     video: VideoSettings
     view: ViewSettings
+
+    def check(self, key: str) -> None:
+        """The keys are bare: this is the whole of conf/config.yaml (`key` is empty)."""
+        check_int(self.seed, "seed", minimum=0, maximum=MAX_SEED)

@@ -16,7 +16,7 @@ from pytorch_lightning.utilities.types import OptimizerLRSchedulerConfig
 
 from pola_gnt.data.batches import RayBatch, SourceBatch, TrainingBatch, ViewBatch
 from pola_gnt.data.scene import Scene
-from pola_gnt.data.scenes import exact_depth_source
+from pola_gnt.data.scene_loading import exact_depth_source
 from pola_gnt.evaluation.image_metrics import LOGGED_MIN_MSE, mse_to_psnr
 from pola_gnt.evaluation.scoring import (
     ViewResult,

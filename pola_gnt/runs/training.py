@@ -21,7 +21,7 @@ from pola_gnt.core.errors import DIVERGED_EXIT_CODE, RunStopped, UserError
 from pola_gnt.core.files import clean_temporaries, disk_error, is_disk_error
 from pola_gnt.data.collection import CollectionGroup, TrainingScenes, collection_groups
 from pola_gnt.data.datamodule import SceneDataModule
-from pola_gnt.data.scenes import data_root, load_scene, scene_dir
+from pola_gnt.data.scene_loading import data_root, load_scene, scene_dir
 from pola_gnt.runs.callbacks import LastCheckpoint
 from pola_gnt.runs.checkpoints import (
     CHECKPOINT_DIR,

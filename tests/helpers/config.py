@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from pola_gnt.core.paths import PROJECT_ROOT
 from pola_gnt.data.settings import DataSettings, ProcessDataSettings, SceneSettings
 from pola_gnt.model.settings import NetSettings
-from pola_gnt.runs.config.app import compose_config, register_resolvers
+from pola_gnt.runs.config.app import compose_config, register_config
 from pola_gnt.runs.config.read import read_process_data_settings, read_run_settings
 from pola_gnt.runs.config.stored import checkpoint_to_resume, container_dict
 from pola_gnt.runs.settings import RunSettings
@@ -20,7 +20,7 @@ from pola_gnt.runs.system import GNTSystem
 from pola_gnt.runs.training import train
 
 CONFIG_DIR = str(PROJECT_ROOT / "conf")
-register_resolvers()  # the tests compose configs outside the entry points
+register_config()  # the tests compose configs outside the entry points
 
 # A tiny, fast configuration of the full pipeline (demo scene at 126x94, narrow model), for tests
 # that need a trained run or checkpoint. Keep in one place so every test trains the same way.

@@ -2,7 +2,9 @@
 takes the typed settings it builds (`pola_gnt.runs.settings` and the sections defined beside their
 consumers).
 
-- `read`: the composed config -> `RunSettings` / `ProcessDataSettings`, every value checked once.
+- `schema`: the settings classes as Hydra's schema (ConfigStore), and the reader that turns a config
+  into them, each value checked against its field and its class's `check`.
+- `read`: the composed config -> `RunSettings` / `ProcessDataSettings`; `check_scene`.
 - `app`: the Hydra entry-point wrapper (`@entry_point`), the `${folder_name:...}` resolver, the
   device line, the run-folder check.
 - `stored`: the run config stored in a checkpoint, and that config with the command line's keys

@@ -1,7 +1,8 @@
 """Hydra entry-point helper: every command composes the project config for the machine it runs on
 (`conf/config.yaml`, or `conf/config_gpu.yaml` when a CUDA device is present), says which device and
-preset it chose, and reports user errors as one `error:` line with exit code 2. The values
-themselves are read and checked in `pola_gnt.runs.config`."""
+preset it chose, and reports user errors as one `error:` line with exit code 2, a key that is no
+setting included (Hydra's schema refuses it while composing). The values themselves are read and
+checked in `pola_gnt.runs.config`."""
 
 from __future__ import annotations
 
@@ -15,17 +16,24 @@ from typing import overload
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback as HydraCallback
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from pola_gnt.core.errors import UserError, exit_on_user_error
+from pola_gnt.core.errors import USER_ERROR_EXIT_CODE, UserError, exit_on_user_error
 from pola_gnt.core.paths import PROJECT_ROOT
-from pola_gnt.data.scenes import MISSING_SCENE_NAME
+from pola_gnt.data.scene_loading import MISSING_SCENE_NAME
+from pola_gnt.data.settings import ProcessDataSettings
+from pola_gnt.runs.config.schema import composition_error, register_schemas
 from pola_gnt.runs.settings import RunSettings
 
 CONFIG_DIR = str(PROJECT_ROOT / "conf")
 CONFIG_NAME = "config"
 GPU_CONFIG_NAME = "config_gpu"  # conf/config_gpu.yaml: the GPU defaults (see `default_config_name`)
+PROCESS_DATA_CONFIG_NAME = "process_data"
+# Hydra's switch that raises an error in composing the config instead of printing it (`entry_point`).
+HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
 
 
 def _folder_name(path: str | None) -> str:
@@ -35,10 +43,33 @@ def _folder_name(path: str | None) -> str:
     return Path(str(path)).expanduser().resolve().name if path else MISSING_SCENE_NAME
 
 
-def register_resolvers() -> None:
-    """The project's OmegaConf resolvers (called by the entry points before Hydra composes)."""
+def register_config() -> None:
+    """The project's OmegaConf resolvers and Hydra schemas (called by the entry points and
+    `compose_config` before Hydra composes)."""
     if not OmegaConf.has_resolver("folder_name"):
         OmegaConf.register_new_resolver("folder_name", _folder_name)
+    register_schemas()
+
+
+def settings_class(config_name: str) -> type:
+    """The settings class that is the schema of `conf/<config_name>.yaml`."""
+    return ProcessDataSettings if config_name == PROCESS_DATA_CONFIG_NAME else RunSettings
+
+
+def report_composition_error(error: Exception, config_name: str) -> None:
+    """Hydra could not compose the config: one `error:` line and exit 2 for a bad key (see
+    `schema.composition_error`); any other error as Hydra prints it (and exit 1)."""
+    user_error = composition_error(error, settings_class(config_name))
+    if user_error is not None:
+        print(f"error: {user_error}", file=sys.stderr, flush=True)
+        sys.exit(USER_ERROR_EXIT_CODE)
+    if not isinstance(error, CompactHydraException):
+        raise error
+    print(error, file=sys.stderr)
+    if isinstance(error.__cause__, OmegaConfBaseException):
+        print(error.__cause__, file=sys.stderr)
+    print(f"\nSet the environment variable {HYDRA_FULL_ERROR}=1 for a complete stack trace.", file=sys.stderr)
+    sys.exit(1)
 
 
 def default_config_name() -> str:
@@ -67,16 +98,43 @@ def entry_point(
     """`@entry_point` on `def main(cfg)`: a Hydra app over the project config, chosen for the machine
     when it runs (`default_config_name`), or over `conf/<config_name>.yaml` with
     `@entry_point(config_name=...)`; the decorated `main()` takes its config from the command line.
-    A `UserError` becomes one `error:` line and exit code 2."""
+    A `UserError` becomes one `error:` line and exit code 2, and so does a key Hydra's schema refuses
+    while composing: Hydra raises errors in composing under `HYDRA_FULL_ERROR` (set while it composes,
+    as the user had it once the task runs) instead of printing them in several lines."""
     if task is None:
         return lambda function: entry_point(function, config_name=config_name)
     wrapped = exit_on_user_error(task)
 
     @functools.wraps(task)
     def main(cfg_passthrough: DictConfig | None = None):
-        register_resolvers()  # before Hydra composes (`hydra.run.dir` holds the scene's name)
+        register_config()  # before Hydra composes (`hydra.run.dir` holds the scene's name)
         name = config_name or default_config_name()
-        return hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=name)(wrapped)(cfg_passthrough)
+        users_setting, composing = os.environ.get(HYDRA_FULL_ERROR), True
+
+        def restore_setting() -> None:
+            if users_setting is None:
+                os.environ.pop(HYDRA_FULL_ERROR, None)
+            else:
+                os.environ[HYDRA_FULL_ERROR] = users_setting
+
+        @functools.wraps(task)  # Hydra names the job after the task's module
+        def run_task(cfg: DictConfig):
+            nonlocal composing
+            composing = False
+            restore_setting()  # the command's own errors: reported as Hydra and the user would have them
+            return wrapped(cfg)
+
+        app = hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=name)(run_task)
+        os.environ[HYDRA_FULL_ERROR] = "1"
+        try:
+            return app(cfg_passthrough)
+        except Exception as error:
+            restore_setting()
+            if composing and users_setting is None:
+                report_composition_error(error, name)
+            raise
+        finally:
+            restore_setting()
 
     return main
 
@@ -180,6 +238,12 @@ def compose_config(*overrides: str, config_name: str = CONFIG_NAME) -> DictConfi
     for code that runs outside an entry point (scripts, notebooks, tests)."""
     from hydra import compose, initialize_config_dir
 
-    register_resolvers()
+    register_config()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides))
+        try:
+            return compose(config_name=config_name, overrides=list(overrides))
+        except Exception as error:
+            user_error = composition_error(error, settings_class(config_name))
+            if user_error is None:
+                raise
+            raise user_error from None

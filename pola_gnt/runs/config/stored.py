@@ -22,7 +22,8 @@ from pola_gnt.runs.checkpoints import (
     resolve_checkpoint,
     stored_config_dict,
 )
-from pola_gnt.runs.config.read import IGNORED_KEYS, read_run_settings
+from pola_gnt.runs.config.read import read_run_settings
+from pola_gnt.runs.config.schema import IGNORED_KEYS
 from pola_gnt.runs.settings import RunSettings
 
 _ABSENT = object()
@@ -200,7 +201,8 @@ def completed_run_config(stored: DictConfig | dict, current: DictConfig | dict) 
     own option file (`model_option`: the value that keeps the network as it was trained, e.g.
     `model.net.dropout` 0), never from another model's defaults."""
     completion = container_dict(current if isinstance(current, DictConfig) else OmegaConf.create(current))
-    stored_node = stored if isinstance(stored, DictConfig) else OmegaConf.create(stored)
+    # plain (a composed config is typed by the schema: its sections would refuse being replaced whole)
+    stored_node = OmegaConf.create(container_dict(stored, resolve=False) if isinstance(stored, DictConfig) else stored)
     model_name = OmegaConf.select(stored_node, "model.name")
     completion["model"] = container_dict(model_option(str(model_name))) if model_name else {}
     config = OmegaConf.merge(OmegaConf.create(completion), stored_node)

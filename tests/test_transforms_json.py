@@ -1,5 +1,5 @@
 """Scenes beyond LLFF: NeRF's Blender scenes (`data.blender`), nerfstudio / instant-ngp `transforms.json`
-captures (`data.transforms`) and the rig decided from the camera layout (`source_views.detect_rig`).
+captures (`data.transforms_json`) and the rig decided from the camera layout (`source_views.detect_rig`).
 
 Tiny scenes are written into `tmp_path`; the real lego, fern, fortress, room and dtu_scan24 copies
 of `../shared` are read where the test is about them.
@@ -22,7 +22,7 @@ from pola_gnt.data.blender import load_blender_scene
 from pola_gnt.data.llff import load_llff_scene, read_poses_bounds
 from pola_gnt.data.scene import evenly_spaced
 from pola_gnt.data.source_views import detect_rig
-from pola_gnt.data.transforms import (
+from pola_gnt.data.transforms_json import (
     distort,
     layout_bounds,
     load_transforms_scene,
