@@ -4,9 +4,18 @@ fern to the zero-shot metrics the manifest records."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
-from helpers import assert_one_error_line, read_metrics, run_in_process, run_modules_at_once
+from helpers import (
+    TINY_RUN_OVERRIDES,
+    assert_one_error_line,
+    compose_config,
+    read_metrics,
+    run_in_process,
+    run_modules_at_once,
+    system_of,
+)
 
 from pola_gnt.core.errors import UserError
 from pola_gnt.core.files import file_sha256
@@ -97,3 +106,58 @@ def test_shipping_slims_the_checkpoint_and_refuses_an_oversized_one(tiny_runs, t
     with pytest.raises(UserError, match="over the package's limit"):
         pretrained.ship_checkpoint(source, "big", {}, folder=tmp_path)
     assert not (tmp_path / "big.ckpt").exists() and "big" not in read_manifest(tmp_path)
+
+
+def test_a_shipped_alexnet_checkpoint_finds_its_frozen_convs_as_the_lpips_weights(
+    tiny_runs, lpips_alex_weights, tmp_path, monkeypatch
+):
+    """Shipping leaves out an AlexNet backbone's frozen convs (its ImageNet weights, unchanged by training)
+    and records their sha256; eval and init_from read them back from the npz found as the LPIPS weights
+    are: the same weights bit for bit. Another npz, or none, is one error line."""
+    from pola_gnt.apps.trained_runs import load_trained_checkpoint
+    from pola_gnt.interop import pretrained
+    from pola_gnt.model.backbone import OMITTED_KEY
+    from pola_gnt.runs.config.stored import container_dict, initial_weights, trained_run_config
+
+    monkeypatch.setenv("POLA_GNT_LPIPS_WEIGHTS", str(lpips_alex_weights))
+    alexnet = ["model.net.encoder.backbone=alexnet", "model.net.encoder.backbone_trainable_layers=1"]
+    cfg = compose_config(*TINY_RUN_OVERRIDES, *alexnet)
+    torch.manual_seed(0)
+    weights = system_of(cfg).state_dict()
+    tiny = read_checkpoint(tiny_runs["pola_gnt"] / "checkpoints" / "last.ckpt")
+    config = container_dict(cfg)
+    trained = tmp_path / "alexnet.ckpt"
+    torch.save(
+        {**tiny, "state_dict": weights, "hyper_parameters": {**tiny["hyper_parameters"], "config": config}}, trained
+    )
+
+    (tmp_path / "shipped").mkdir()
+    pretrained.ship_checkpoint(trained, "alexnet", {}, folder=tmp_path / "shipped")
+    shipped_path = tmp_path / "shipped" / "alexnet.ckpt"
+    shipped = read_checkpoint(shipped_path)
+    frozen = [f"net.encoder.convs.{i}.{kind}" for i in range(4) for kind in ("weight", "bias")]
+    assert shipped[OMITTED_KEY]["keys"] == frozen and not set(frozen) & set(shipped["state_dict"])
+    assert set(shipped["state_dict"]) | set(frozen) == set(weights)  # conv5 trains: it stays
+    omitted_bytes = sum(weights[key].numel() * 4 for key in frozen)
+    assert shipped_path.stat().st_size < trained.stat().st_size - omitted_bytes
+
+    def evaluated(path) -> dict:
+        overrides = [f"ckpt_path={path}"]
+        return load_trained_checkpoint(
+            trained_run_config(compose_config(*overrides), tmp_path, overrides)
+        ).system.state_dict()
+
+    for restored in (evaluated(shipped_path), initial_weights(str(shipped_path), config, tmp_path).state_dict):
+        assert set(restored) == set(weights) and all(torch.equal(restored[key], weights[key]) for key in weights)
+
+    with np.load(lpips_alex_weights) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    name = next(key for key in arrays if key.endswith("features.3.weight"))
+    arrays[name] = arrays[name] + np.float32(1e-3)
+    np.savez(tmp_path / "other.npz", **arrays)
+    monkeypatch.setenv("POLA_GNT_LPIPS_WEIGHTS", str(tmp_path / "other.npz"))
+    with pytest.raises(UserError, match=r"other\.npz: not the AlexNet weights .*alexnet\.ckpt was trained with"):
+        evaluated(shipped_path)
+    monkeypatch.delenv("POLA_GNT_LPIPS_WEIGHTS")
+    with pytest.raises(UserError, match="POLA_GNT_LPIPS_WEIGHTS names an alex_v0.1.npz"):
+        initial_weights(str(shipped_path), config, tmp_path)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pola_gnt.model.backbone import weights_from_checkpoint
+from pola_gnt.model.backbone import restore_frozen_convs, weights_from_checkpoint
 from pola_gnt.runs.checkpoints import state_dict_mismatch
 from pola_gnt.runs.config.stored import TrainedRunConfig
 from pola_gnt.runs.settings import RunSettings
@@ -26,8 +26,10 @@ def load_trained_checkpoint(run: TrainedRunConfig) -> TrainedCheckpoint:
     run.settings.trainer.check_device()  # the command line's trainer (a GPU checkpoint evaluates on a CPU)
     with weights_from_checkpoint():  # an ImageNet backbone's weights come from the checkpoint too
         system = GNTSystem(run.settings, run.config)
+    encoder, lpips_weights = run.settings.model.net.encoder, run.settings.metrics.lpips_weights
+    state_dict = restore_frozen_convs(run.checkpoint, run.path, encoder.backbone_weights, lpips_weights)
     try:
-        system.load_state_dict(run.checkpoint["state_dict"], strict=True)
+        system.load_state_dict(state_dict, strict=True)
     except RuntimeError as err:
         raise state_dict_mismatch(run.path, err) from None
     system.on_load_checkpoint(run.checkpoint)

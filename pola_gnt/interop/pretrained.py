@@ -12,6 +12,7 @@ import torch
 from pola_gnt.core.errors import UserError
 from pola_gnt.core.files import file_sha256, write_atomic
 from pola_gnt.core.paths import pretrained_dir
+from pola_gnt.model.backbone import frozen_conv_count, omit_frozen_convs
 from pola_gnt.runs.checkpoints import TRAINING_RECORD, read_checkpoint
 from pola_gnt.runs.training_budget import TIMER_STATE_KEY
 
@@ -23,12 +24,15 @@ KEPT_KEYS = ("state_dict", "hyper_parameters", "global_step", "epoch", "pytorch-
 
 
 def slim_checkpoint(checkpoint: dict) -> dict:
-    """The checkpoint without its training state (the Timer's stored training time is kept)."""
+    """The checkpoint without its training state (the Timer's stored training time is kept) and
+    without a frozen ImageNet backbone's weights, which loading finds as the LPIPS weights are."""
     slim = {key: checkpoint[key] for key in KEPT_KEYS if key in checkpoint}
     timers = {k: v for k, v in (checkpoint.get("callbacks") or {}).items() if TIMER_STATE_KEY in str(k)}
     if timers:
         slim["callbacks"] = timers
-    return slim
+    config = (checkpoint.get("hyper_parameters") or {}).get("config") or {}
+    n_frozen = frozen_conv_count(config.get("model", {}).get("net", {}).get("encoder") or {})
+    return omit_frozen_convs(slim, n_frozen) if n_frozen else slim
 
 
 def manifest_path(folder: Path | None = None) -> Path:

@@ -23,8 +23,9 @@ encoder_input_scale 0.5, most of an AlexNet step).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,11 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 HEAD_CHANNELS = 64
 WEIGHTS_KEY = "model.net.encoder.backbone_weights"
+# A shipped checkpoint leaves out the frozen convolutions (up to 9.9 MB, near all of the 10 MB a shipped
+# file may take): under this key it records which state-dict entries and the sha256 of their values,
+# and loading reads them from the npz, found as the LPIPS weights are (`restore_frozen_convs`).
+OMITTED_KEY = "omitted_frozen_backbone"
+CONVS_PREFIX = "net.encoder.convs."  # the convolutions' entries in a GNTSystem's state dict
 
 # Set while a network is rebuilt to take a checkpoint's weights (`weights_from_checkpoint`).
 _from_checkpoint = False
@@ -86,6 +92,55 @@ def alexnet_weights_path(setting: str | None, lpips_weights: str | None = None) 
         f"{WEIGHTS_KEY}: null, and neither metrics.lpips_weights nor ${LPIPS_WEIGHTS_ENV} names an "
         f"alex_v0.1.npz; set one"
     )
+
+
+def frozen_conv_count(encoder: Mapping) -> int:
+    """How many of AlexNet's convs a run config's `model.net.encoder` section freezes (0: no AlexNet)."""
+    if encoder.get("backbone") != "alexnet":
+        return 0
+    return len(ALEXNET_CONVS) - int(encoder.get("backbone_trainable_layers", 0))
+
+
+def _frozen_conv_keys(n_frozen: int) -> list[str]:
+    return [f"{CONVS_PREFIX}{i}.{kind}" for i in range(n_frozen) for kind in ("weight", "bias")]
+
+
+def _tensors_sha256(tensors: list[Tensor]) -> str:
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def omit_frozen_convs(checkpoint: dict, n_frozen: int) -> dict:
+    """`checkpoint` without the state dict's first `n_frozen` AlexNet convs (the frozen ones, the
+    ImageNet weights unchanged) and with their record under `OMITTED_KEY`."""
+    keys = _frozen_conv_keys(n_frozen)
+    state = checkpoint["state_dict"]
+    record = {"keys": keys, "sha256": _tensors_sha256([state[key] for key in keys])}
+    kept = {key: value for key, value in state.items() if key not in keys}
+    return {**checkpoint, "state_dict": kept, OMITTED_KEY: record}
+
+
+def restore_frozen_convs(
+    checkpoint: dict, path: Path | str, backbone_weights: str | None, lpips_weights: str | None
+) -> dict:
+    """The state dict of `checkpoint` (read from `path`), with the frozen convs a shipped checkpoint left
+    out read from the AlexNet npz (`backbone_weights`, else found as the LPIPS weights are); one
+    UserError line when the npz is missing or holds other weights than the checkpoint was trained with."""
+    record = checkpoint.get(OMITTED_KEY)
+    if record is None:
+        return checkpoint["state_dict"]
+    npz, origin = alexnet_weights_path(backbone_weights, lpips_weights)
+    convs = read_alexnet_convs(npz, origin)
+    restored = {}
+    for key in record["keys"]:
+        index, kind = key.removeprefix(CONVS_PREFIX).split(".")
+        weight, bias = convs[int(index)]
+        restored[key] = torch.from_numpy(weight if kind == "weight" else bias)
+    if _tensors_sha256([restored[key] for key in record["keys"]]) != record["sha256"]:
+        raise UserError(f"{WEIGHTS_KEY}: {npz}: not the AlexNet weights {path} was trained with (their sha256 differs)")
+    return {**checkpoint["state_dict"], **restored}
 
 
 def read_alexnet_convs(path: Path, origin: str = "") -> list[tuple[np.ndarray, np.ndarray]]:

@@ -14,6 +14,7 @@ from omegaconf import Container, DictConfig, OmegaConf
 from pola_gnt.core.errors import UserError
 from pola_gnt.core.files import file_sha256
 from pola_gnt.core.paths import PROJECT_ROOT
+from pola_gnt.model.backbone import restore_frozen_convs
 from pola_gnt.runs.checkpoints import (
     PRETRAINED_PREFIX,
     ResumePoint,
@@ -280,4 +281,6 @@ def initial_weights(init_from: str, config: dict, run_dir: Path) -> InitialWeigh
         "global_step": int(checkpoint.get("global_step", 0)),
         "training_scenes": checkpoint_training_scenes(checkpoint),
     }
-    return InitialWeights(path=path, state_dict=checkpoint["state_dict"], record=record)
+    encoder, metrics = config["model"]["net"]["encoder"], config["metrics"]
+    state_dict = restore_frozen_convs(checkpoint, path, encoder.get("backbone_weights"), metrics.get("lpips_weights"))
+    return InitialWeights(path=path, state_dict=state_dict, record=record)
