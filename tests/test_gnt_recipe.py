@@ -1,4 +1,4 @@
-"""GNT's training recipe beyond the network (issue 21): several target views per step, the weighted
+"""GNT's training recipe beyond the network: several target views per step, the weighted
 source pool, the target as its own source, GNT's crop placement, dropout, and what `paper` resolves to."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`process_data`'s near / far bounds (issue 21): taken from the points well located in depth, so the
+"""`process_data`'s near / far bounds: taken from the points well located in depth, so the
 distant background, triangulated at small angles, still sets the far bound. Checked against LLFF's
 published bounds of fortress and room (their `poses_bounds.npy`), scene-wide as the sampler uses them.
 """
