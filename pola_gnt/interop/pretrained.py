@@ -13,7 +13,7 @@ from pola_gnt.core.errors import UserError
 from pola_gnt.core.files import file_sha256, write_atomic
 from pola_gnt.core.paths import pretrained_dir
 from pola_gnt.model.backbone import frozen_conv_count, omit_frozen_convs
-from pola_gnt.runs.checkpoints import TRAINING_RECORD, read_checkpoint
+from pola_gnt.runs.checkpoints import TRAINING_RECORD, read_checkpoint, stored_config_dict
 from pola_gnt.runs.training_budget import TIMER_STATE_KEY
 
 MANIFEST = "manifest.json"
@@ -23,15 +23,15 @@ MAX_BYTES = 10 * 2**20  # the package ships checkpoints of at most 10 MB
 KEPT_KEYS = ("state_dict", "hyper_parameters", "global_step", "epoch", "pytorch-lightning_version", TRAINING_RECORD)
 
 
-def slim_checkpoint(checkpoint: dict) -> dict:
-    """The checkpoint without its training state (the Timer's stored training time is kept) and
-    without a frozen ImageNet backbone's weights, which loading finds as the LPIPS weights are."""
+def slim_checkpoint(checkpoint: dict, path: Path) -> dict:
+    """The checkpoint (read from `path`) without its training state (the Timer's stored training time
+    is kept) and without a frozen ImageNet backbone's weights, which loading finds as the LPIPS
+    weights are."""
     slim = {key: checkpoint[key] for key in KEPT_KEYS if key in checkpoint}
     timers = {k: v for k, v in (checkpoint.get("callbacks") or {}).items() if TIMER_STATE_KEY in str(k)}
     if timers:
         slim["callbacks"] = timers
-    config = (checkpoint.get("hyper_parameters") or {}).get("config") or {}
-    n_frozen = frozen_conv_count(config.get("model", {}).get("net", {}).get("encoder") or {})
+    n_frozen = frozen_conv_count(stored_config_dict(checkpoint, path)["model"]["net"].get("encoder") or {})
     return omit_frozen_convs(slim, n_frozen) if n_frozen else slim
 
 
@@ -50,7 +50,7 @@ def ship_checkpoint(source: Path, name: str, entry: dict, folder: Path | None = 
     """Write `source` slimmed as `<folder>/<name>.ckpt` and its manifest entry (`entry` plus the file's
     name, size and sha256); -> the entry. Refuses a file over `MAX_BYTES`."""
     folder = folder or pretrained_dir()
-    slim = slim_checkpoint(read_checkpoint(source))
+    slim = slim_checkpoint(read_checkpoint(source), source)
     target = folder / f"{name}.ckpt"
     staging = folder / f".{name}.ckpt.tmp"
     torch.save(slim, staging)
