@@ -62,7 +62,7 @@ def hydra_schema(cls: type) -> type:
     a nested schema for each field that is a settings class and `Any` for every other field. A
     settings class that may be null (`collection`, `data.random_crop`) is a value too: Hydra cannot
     merge a mapping into a typed section that is null."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = [
         (field.name, hydra_schema(hints[field.name]) if _is_section(hints[field.name]) else Any)
         for field in dataclasses.fields(cls)
