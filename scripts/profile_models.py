@@ -33,8 +33,11 @@ from pola_gnt.core.process import configure_cpu_allocator
 def profile_model(kind: str, args: argparse.Namespace, device: torch.device) -> tuple[float, list[tuple]]:
     """(total self time per step in ms, [(operator, self ms per step, calls per step)] sorted)."""
     sources, rays = synthetic_rig(args.views, args.rays, device)
-    _, render_step, train_step = model_steps(kind, args.samples, args, sources, rays, device)
-    step = train_step if args.phase == "train" else render_step
+    _, render_step, render_bf16_step, train_step = model_steps(kind, args.samples, args, sources, rays, device)
+    if args.phase == "train":
+        step = train_step
+    else:  # --bf16 renders with the bf16 network (`render.precision=bf16`), as bench_render does
+        step = render_bf16_step if args.bf16 else render_step
     step()  # warm-up
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as profiler:
@@ -66,6 +69,7 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true")
     args = parser.parse_args()
     args.models = list(MODELS)
+    args.compile = False
     device = torch.device(args.device)
     configure_cpu_allocator()
     print(

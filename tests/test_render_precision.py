@@ -19,7 +19,7 @@ from pola_gnt.attention.reference import polarity_attention_reference
 from pola_gnt.attention.view.op import polarity_view_attention
 from pola_gnt.core.errors import UserError
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
-from pola_gnt.model import GNT, inference
+from pola_gnt.model import GNT, inference, render_kernels
 from pola_gnt.model.inference import FastRenderNetwork, render_network, resolve_render_precision
 from pola_gnt.model.renderer import render_image
 from pola_gnt.model.sampler import DepthSampler, sample_depths
@@ -81,6 +81,9 @@ def test_a_misspelt_precision_is_one_error_line():
     with pytest.raises(UserError, match="render.precision"):
         read_run_settings(compose_config("render.precision=bf17"))
     assert read_run_settings(compose_config()).render.precision == "auto"
+    with pytest.raises(UserError, match="render.workers"):
+        read_run_settings(compose_config("render.workers=0"))
+    assert read_run_settings(compose_config()).render.workers is None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -144,9 +147,11 @@ def test_the_projection_of_the_feature_maps_commutes_with_the_bilinear_read():
 
 @pytest.fixture(params=["fused", "pytorch"])
 def kernel_forms(request, monkeypatch):
-    """bf16 through the fused C++ kernels and, as where they cannot be built, through the PyTorch forms."""
+    """bf16 through the fused C++ kernels (the attention's and the renderer's) and, as where they cannot
+    be built, through the PyTorch forms."""
     if request.param == "pytorch":
         monkeypatch.setattr(cpu_extension, "usable", lambda *args, **kwargs: False)
+        monkeypatch.setattr(render_kernels, "_built", False)
     return request.param
 
 

@@ -29,7 +29,7 @@ from pola_gnt.data.scene import Scene
 from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.geometry.camera_paths import fov_intrinsics, interpolate_path, spiral_path
 from pola_gnt.model.inference import FastRenderNetwork
-from pola_gnt.model.render_memory import budget_chunk_rays
+from pola_gnt.model.render_memory import budget_chunk_rays, render_workers
 from pola_gnt.model.renderer import RenderedImage, RenderNetwork, render_image
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.config.stored import TrainedRunConfig
@@ -88,10 +88,12 @@ def render_frames(
     chunk_rays: int,
     fabric: Fabric,
     frames: Iterable[int] | None = None,
+    workers: int = 1,
 ) -> Iterator[tuple[int, RenderedImage]]:
     """Render the frames `frames` (default: all) of `path`, colour and depth, each from its
     `num_source_views` nearest training cameras; yields (frame index, image). A frame's pixels
-    depend on its camera alone (same chunks, same order), so any subset renders as in a whole run."""
+    depend on its camera alone (same chunks, same order), so any subset renders as in a whole run.
+    `workers`: chunks rendered at once (`render_rays`; the same pixels)."""
     intrinsics = fov_intrinsics(path.fov, path.height, path.width).to(fabric.device)  # [frames, 3, 3]
     encoded = EncodedViews(net, scene, fabric.device)  # each training view encoded once per video
     for index in range(len(path)) if frames is None else frames:
@@ -108,6 +110,7 @@ def render_frames(
                 scene.depth_range,
                 sampler,
                 chunk_rays,
+                workers=workers,
             )
         yield index, rendered
 
@@ -274,8 +277,9 @@ def write_path_videos(
     print(f"frames      {frames.folder} (stopped? the same command with hydra.run.dir={out_dir} resumes)", flush=True)
     # Depth colours span the scene's near/far bounds (normalised), near bright.
     depth_range = float(scene.bounds.min()), float(scene.bounds.max())
+    workers = render_workers(config.render, config.model.net, config.data.num_source_views, chunk_rays, fabric.device)
     rendered = render_frames(
-        net, scene, path, config.data.num_source_views, trained.system.sampler, chunk_rays, fabric, todo
+        net, scene, path, config.data.num_source_views, trained.system.sampler, chunk_rays, fabric, todo, workers
     )
     # tqdm shows frames done, seconds per frame and the time left.
     with tqdm(
@@ -310,7 +314,9 @@ def render_video(run: TrainedRunConfig, run_dir: Path) -> tuple[Path, Path]:
         f"video       {source}, {len(path)} frames at {path.width}x{path.height}"
         f"{f' (video.scale={settings.scale:g})' if settings.scale != 1 else ''}, {path.fps:g} fps, "
         f"{config.data.num_source_views} source views, {config.render.n_samples} samples per ray, "
-        f"{chunk_rays} rays per pass",
+        f"{chunk_rays} rays per pass, "
+        f"{render_workers(config.render, config.model.net, config.data.num_source_views, chunk_rays, fabric.device)}"
+        " at once",
         flush=True,
     )
     paths = write_path_videos(trained, scene, path, run_dir, fabric, settings.crf, chunk_rays)

@@ -49,8 +49,8 @@ from pola_gnt.data.scene import Scene
 from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.geometry.camera_paths import focus_depth, fov_intrinsics, interpolate_path
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
-from pola_gnt.model.render_memory import budget_chunk_rays
-from pola_gnt.model.renderer import RenderedImage, RenderNetwork, render_rays
+from pola_gnt.model.render_memory import budget_chunk_rays, render_workers
+from pola_gnt.model.renderer import RenderCancelled, RenderedImage, RenderNetwork, render_rays
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.config.stored import TrainedRunConfig
 from pola_gnt.runs.settings import ViewSettings
@@ -110,9 +110,10 @@ class ViewRenderer:
         num_source_views: int,
         chunk_rays: int,
         fabric: Fabric,
+        workers: int = 1,
     ):
         self.net, self.scene, self.sampler, self.fabric = net, scene, sampler, fabric
-        self.num_source_views, self.chunk_rays = num_source_views, chunk_rays
+        self.num_source_views, self.chunk_rays, self.workers = num_source_views, chunk_rays, workers
         self.encoded = EncodedViews(net, scene, fabric.device)
         self.lock = threading.Lock()  # one render at a time: the tabs share the CPU and the encoded views
         # Depth colours as in the videos: the scene's normalised near/far bounds.
@@ -133,22 +134,24 @@ class ViewRenderer:
         c2w = camera.c2w.to(device)
         intrinsics = fov_intrinsics(torch.tensor([camera.fov]), camera.height, camera.width)[0].to(device)
         rays = pixel_rays(c2w, intrinsics, pixel_grid(camera.height, camera.width, device=device))
-        colours, depths = [], []
         with self.lock, self.fabric.autocast():
             sources = self.encoded(self.nearest_views(camera.c2w))
-            # The chunks `render_image` uses, one at a time: the same pixels, and a chance to stop.
-            for start in range(0, len(rays), self.chunk_rays):
-                if cancelled():
-                    return None
-                chunk = rays[start : start + self.chunk_rays]
+            # The chunks `render_image` uses: the same pixels, and a chance to stop between two.
+            try:
                 rgb, depth = render_rays(
-                    self.net, chunk, sources, self.scene.depth_range, self.sampler, self.chunk_rays
+                    self.net,
+                    rays,
+                    sources,
+                    self.scene.depth_range,
+                    self.sampler,
+                    self.chunk_rays,
+                    self.workers,
+                    cancelled,
+                    progress,
                 )
-                colours.append(rgb)
-                depths.append(depth)
-                if progress is not None:
-                    progress(start + len(chunk), len(rays))
-        rgb, depth = torch.cat(colours).cpu(), torch.cat(depths).cpu()
+            except RenderCancelled:
+                return None
+        rgb, depth = rgb.cpu(), depth.cpu()
         return RenderedImage(
             rgb=rgb.reshape(camera.height, camera.width, 3), depth=depth.reshape(camera.height, camera.width)
         )
@@ -484,10 +487,10 @@ class ViewerApp:
         config = trained.settings
         trained.system.net.to(fabric.device).eval()
         net = trained.system.rendering_network(fabric.device)
-        chunk_rays = budget_chunk_rays(config.render, config.model.net, config.data.num_source_views, fabric.device)
-        self.renderer = ViewRenderer(
-            net, scene, trained.system.sampler, config.data.num_source_views, chunk_rays, fabric
-        )
+        views = config.data.num_source_views
+        chunk_rays = budget_chunk_rays(config.render, config.model.net, views, fabric.device)
+        workers = render_workers(config.render, config.model.net, views, chunk_rays, fabric.device)
+        self.renderer = ViewRenderer(net, scene, trained.system.sampler, views, chunk_rays, fabric, workers)
         # A 2x2 render of the opening camera before the page can connect: a process's first render
         # builds the fused CPU kernels where this checkout has no build yet (30 s here; the page's first
         # image waited for it) and encodes the opening camera's source views.

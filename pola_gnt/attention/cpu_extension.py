@@ -8,32 +8,22 @@ no elementwise temporaries, one parallel region per call (the PyTorch forms spen
 moving `[points, views, heads, 2d]` tensors through memory and in dozens of short parallel regions,
 which also makes them collapse when another process shares the CPU).
 
-The kernels are compiled on first use with the C++ compiler PyTorch finds (`torch.utils.cpp_extension`,
-about 20 s, cached under `$TORCH_EXTENSIONS_DIR`, by default `~/.cache/torch_extensions`, in a folder
-of this checkout and Python environment: the build command names the source's path and the
-environment's headers, so one folder shared by two checkouts or environments would be rebuilt
-whenever commands from them alternate). Without a compiler, or with `POLA_GNT_CPU_KERNELS=0`,
-`available()` is False and the callers use the PyTorch forms, which compute the same function.
+The kernels are compiled on first use (`core.cpp_build`: about 20 s, cached per checkout and Python
+environment). Without a compiler, or with `POLA_GNT_CPU_KERNELS=0`, `available()` is False and the
+callers use the PyTorch forms, which compute the same function.
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
-import sys
-import warnings
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from pola_gnt.core.cpp_build import build_extension
+
 SOURCE = Path(__file__).resolve().parent / "csrc" / "polarity_cpu.cpp"
-DISABLE_VARIABLE = "POLA_GNT_CPU_KERNELS"
 _LIBRARY = "pola_gnt_cpu"  # the operators' namespace (TORCH_LIBRARY in the source)
-# The build's name, so its cache folder: the library's, and a digest of this source's path and the
-# Python environment (see the module docstring).
-_BUILD_NAME = f"{_LIBRARY}_{hashlib.sha1(f'{SOURCE}|{sys.prefix}'.encode()).hexdigest()[:10]}"
 
 
 # Whether the extension is built and loaded: None until the first `_load()`. A plain global rather
@@ -50,37 +40,9 @@ def _load() -> bool:
 
 
 def _build() -> bool:
-    if os.environ.get(DISABLE_VARIABLE) == "0":
+    if not build_extension(_LIBRARY, SOURCE, "attention"):
         return False
-    # Importing cpp_extension on a machine without CUDA logs a warning about CUDA_HOME that does not
-    # concern a CPU build.
-    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    try:
-        from torch.utils import cpp_extension
-
-        # at::parallel_for's OpenMP region is compiled into the extension, hence -fopenmp. Without
-        # trapping math GCC may if-convert the sign selections and vectorise the feature loops (the
-        # kernels never read floating-point exception flags). AVX2 and FMA
-        # where PyTorch itself runs its AVX2 (or AVX-512) kernels, so the build never uses an
-        # instruction the CPU lacks.
-        vector_flags = ["-mavx2", "-mfma"] if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else []
-        cpp_extension.load(
-            name=_BUILD_NAME,
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-fopenmp", "-fno-trapping-math", "-fno-math-errno", *vector_flags],
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-        )
-        _register_fake_kernels()
-    except Exception as error:  # no compiler, no headers, a failed build: the PyTorch forms still work
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        warnings.warn(
-            f"pola_gnt: the fused CPU attention kernels could not be built ({first_line}); "
-            "using the slower PyTorch forms (same results)",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return False
+    _register_fake_kernels()
     return True
 
 

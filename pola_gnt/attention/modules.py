@@ -183,8 +183,21 @@ class PolaViewAttention(PolaAttentionBase):
         rel_dirs: Float[Tensor, "points views 4"],
         view_mask: Bool[Tensor, "points views"],
     ) -> Float[Tensor, "points dim"]:
+        kv = keys_values_with_directions(view_tokens, rel_dirs, *self.kv_projection(), self.pos_fc)
+        return self.attend_with_kv(query, kv, view_mask)
+
+    def kv_projection(self) -> tuple[Tensor, Tensor | None]:
+        """The weight `[2 dim, dim]` and bias of the keys and values of the view tokens."""
+        return self.to_kv.weight, self.to_kv.bias
+
+    def attend_with_kv(
+        self,
+        query: Float[Tensor, "points dim"],
+        kv: Float[Tensor, "points views 2*dim"],
+        view_mask: Bool[Tensor, "points views"],
+    ) -> Float[Tensor, "points dim"]:
+        """`forward` from the keys and values `[k + pos, v + pos]` (`keys_values_with_directions`)."""
         q, gate = self.to_qg(query).chunk(2, dim=-1)  # [points, dim] each
-        kv = keys_values_with_directions(view_tokens, rel_dirs, self.to_kv.weight, self.to_kv.bias, self.pos_fc)
         k, v = kv.chunk(2, dim=-1)  # [points, views, dim] each: k + pos, v + pos
         q = split_heads(q.unsqueeze(-2), self.heads)  # [points, heads, 1, head_dim]
         k, v = split_heads(k, self.heads), split_heads(v, self.heads)  # [points, heads, views, head_dim]
@@ -219,8 +232,21 @@ class SoftmaxViewAttention(nn.Module):
         rel_dirs: Float[Tensor, "points views 4"],
         view_mask: Bool[Tensor, "points views"],
     ) -> Float[Tensor, "points dim"]:
+        kv = keys_values_with_directions(view_tokens, rel_dirs, *self.kv_projection(), self.pos_fc)
+        return self.attend_with_kv(query, kv, view_mask)
+
+    def kv_projection(self) -> tuple[Tensor, Tensor | None]:
+        """The weight `[2 dim, dim]` and bias of the keys and values of the view tokens."""
+        return self.to_kv.weight, self.to_kv.bias
+
+    def attend_with_kv(
+        self,
+        query: Float[Tensor, "points dim"],
+        kv: Float[Tensor, "points views 2*dim"],
+        view_mask: Bool[Tensor, "points views"],
+    ) -> Float[Tensor, "points dim"]:
+        """`forward` from the keys and values `[k + pos, v + pos]` (`keys_values_with_directions`)."""
         q = split_heads(self.to_q(query).unsqueeze(-2), self.heads)  # [points, heads, 1, head_dim]
-        kv = keys_values_with_directions(view_tokens, rel_dirs, self.to_kv.weight, self.to_kv.bias, self.pos_fc)
         k, v = (split_heads(x, self.heads) for x in kv.chunk(2, dim=-1))  # k + pos, v + pos
         dropout = self.dropout if self.training else 0.0
         attended = merge_heads(masked_sdpa(q, k, v, view_mask, dropout)).squeeze(-2)
@@ -260,9 +286,21 @@ class SubtractionViewAttention(nn.Module):
         rel_dirs: Float[Tensor, "points views 4"],
         view_mask: Bool[Tensor, "points views"],
     ) -> Float[Tensor, "points dim"]:
+        kv = keys_values_with_directions(view_tokens, rel_dirs, *self.kv_projection(), self.pos_fc)
+        return self.attend_with_kv(query, kv, view_mask)
+
+    def kv_projection(self) -> tuple[Tensor, Tensor | None]:
+        """The weight `[2 dim, dim]` and bias (none) of the keys and values of the view tokens."""
+        return torch.cat([self.to_k.weight, self.to_v.weight]), None
+
+    def attend_with_kv(
+        self,
+        query: Float[Tensor, "points dim"],
+        kv: Float[Tensor, "points views 2*dim"],
+        view_mask: Bool[Tensor, "points views"],
+    ) -> Float[Tensor, "points dim"]:
+        """`forward` from the keys and values `[k + pos, v + pos]` (`keys_values_with_directions`)."""
         q = self.to_q(query).unsqueeze(-2)  # [points, 1, dim]
-        kv_weight = torch.cat([self.to_k.weight, self.to_v.weight])
-        kv = keys_values_with_directions(view_tokens, rel_dirs, kv_weight, None, self.pos_fc)
         k_pos, v_pos = kv.chunk(2, dim=-1)  # k + pos, v + pos: [points, views, dim]
         scores = self.attn_fc(k_pos - q)  # attn_fc(k - q + pos)
         # Masked views get -inf; a point with no visible view keeps finite scores (uniform softmax,
@@ -338,6 +376,8 @@ class SoftmaxRayAttention(nn.Module):
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # [rays, heads, 1, samples]
         return torch.softmax(scores, dim=-1).mean(dim=1)[:, 0]
 
+
+ViewAttention = PolaViewAttention | SoftmaxViewAttention | SubtractionViewAttention  # every view kind
 
 # --------------------------------------------------------------------------------------------------
 # Factories

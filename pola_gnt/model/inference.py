@@ -36,12 +36,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
+from pola_gnt.attention.modules import ViewAttention
 from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
 from pola_gnt.geometry.rays import Rays, points_along_rays
+from pola_gnt.model import render_kernels
+from pola_gnt.model.fused_linear import FusedLinear, fuse_linear_layers, fused_linear
 from pola_gnt.model.gnt import GNT, GNTBlock, RayOutput, SourceViews, sinusoidal_encoding
+from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
 
 PRECISIONS = ("auto", "fp32", "bf16")
 CPUINFO = Path("/proc/cpuinfo")
@@ -162,6 +166,7 @@ class FastRenderNetwork:
         self.first_bias = first.bias.detach()
         self.second = _converted(second, dtype)
         self.blocks = nn.ModuleList(_converted(block, dtype) for block in net.blocks)
+        self.view_keys_values = ViewKeysValues(net, dtype)
         # Position fusion's first layer split by input: token | code(point) | code(direction).
         self.fusion_parts: list[tuple[Tensor, Tensor, Tensor, Tensor] | None] = []
         width, half_code = net.settings.width, 3 * (1 + 2 * net.n_freqs)
@@ -249,54 +254,40 @@ class FastRenderNetwork:
         projection = project_points(points, views.c2w.float(), views.intrinsics.float(), height, width)
         grid = pixels_to_grid(projection.pixels, height, width).flatten(1, 2)  # [views, points, 2]
         visible = projection.visible.flatten(1)  # [views, points]
-        # Channels first, as grid_sample reads them: [views, channels, points].
-        seen_by = visible[:, None, :].float()  # [views, 1, points]
-        rgb = _bilinear_channels(views.images.float(), grid, "border").mul_(seen_by)  # [views, 3, points]
-        hidden = _bilinear_channels(prepared.projected, grid, "border").mul_(seen_by)  # [views, width, points]
-        # First layer: visible * (W_f f + W_rgb rgb) + b, then ReLU (rgb is already zeroed where unseen).
-        hidden = torch.baddbmm(hidden, self.rgb_weight.expand(len(rgb), -1, -1), rgb)
-        hidden = torch.relu_(hidden.add_(self.first_bias[:, None]))
-        # One pass to the token layout [points, views, width], in the compute dtype.
-        n_views, n_width, n_points = hidden.shape
-        tokens_in = hidden.new_empty((n_points, n_views, n_width), dtype=dtype)
-        tokens_in.permute(1, 2, 0).copy_(hidden)
+        # The colours, channels first as grid_sample reads them: [views, 3, points], zero where unseen.
+        rgb = _bilinear_channels(views.images.float(), grid, "border").mul_(visible[:, None, :].float())
+        # First layer: relu(visible * (W_f f) + W_rgb rgb + b), in the token layout [points, views, width].
+        tokens_in = render_kernels.view_token_inputs(
+            prepared.projected, grid, visible, rgb, self.rgb_weight, self.first_bias, dtype
+        )
         rel_dirs = relative_directions(points, rays.origins[:, None, :].float(), views.centers.float())
-        view_mask = visible.t()  # [points, views]
+        view_mask = visible.t().contiguous()  # [points, views]
         seen = view_mask.any(dim=-1).unflatten(0, (n_rays, n_samples))  # [rays, samples]
         point_code = sinusoidal_encoding(points, net.n_freqs)  # [rays, samples, 63]
         unit_dirs = F.normalize(rays.directions.float(), dim=-1)
         direction_code = sinusoidal_encoding(unit_dirs, net.n_freqs)  # [rays, 63]: once per ray
 
         view_tokens = self.second(tokens_in)  # [points, views, width]
-        tokens = _masked_max_over_views(view_tokens, view_mask).unflatten(0, (n_rays, n_samples))
-        rel_dirs = rel_dirs.flatten(0, 1).to(dtype)  # [points, views, 4]
+        tokens = render_kernels.masked_max_over_views(view_tokens, view_mask).unflatten(0, (n_rays, n_samples))
+        # Every block's keys and values at once (one matmul, `ViewKeysValues`).
+        keys_values = self.view_keys_values(view_tokens, rel_dirs.flatten(0, 1).to(dtype))
         point_code = point_code.to(dtype)
-        for block, fusion in zip(self.blocks, self.fusion_parts):
+        for block, fusion, kv in zip(self.blocks, self.fusion_parts, keys_values):
             assert isinstance(block, GNTBlock)
-            tokens = block.view_block(tokens.flatten(0, 1), view_tokens, rel_dirs, view_mask)
+            tokens = _view_block(block.view_block, tokens.flatten(0, 1), kv, view_mask)
             tokens = tokens.unflatten(0, (n_rays, n_samples))
             if fusion is not None and block.position_fusion is not None:
                 token_weight, point_weight, direction_weight, bias = fusion
                 per_ray = (direction_code @ direction_weight + bias).to(dtype)  # [rays, width]
-                first = F.linear(tokens, token_weight) + F.linear(point_code, point_weight) + per_ray[:, None, :]
-                _, activation, last = block.position_fusion
-                tokens = last(activation(first))
-            tokens = block.ray_block(tokens, seen)
+                first = fused_linear(tokens, token_weight, residual=fused_linear(point_code, point_weight))
+                first = torch.relu_(first.add_(per_ray[:, None, :]))
+                tokens = block.position_fusion[2](first)
+            tokens = _ray_block(block.ray_block, tokens, seen)
         readout = net.readout
         source_colours = None
         if readout.needs_source_colours:
             source_colours = _source_colour_statistics(rgb.transpose(1, 2), visible, n_rays, n_samples)
         return readout(tokens.float(), seen, depths.float(), source_colours)
-
-
-def _masked_max_over_views(tokens: Float[Tensor, "points views width"], mask: Tensor) -> Float[Tensor, "points width"]:
-    """`gnt.masked_max` (the same values: a maximum is exact in any order) as a running maximum over
-    the few views, twice as fast as the masked fill and `amax` in bf16."""
-    masked = torch.where(mask[..., None], tokens, torch.tensor(float("-inf"), dtype=tokens.dtype))
-    out = masked[:, 0]
-    for view in range(1, masked.shape[1]):
-        out = torch.maximum(out, masked[:, view])
-    return torch.where(mask.any(dim=-1, keepdim=True), out, torch.zeros((), dtype=out.dtype))
 
 
 def _source_colour_statistics(
@@ -314,10 +305,92 @@ def _source_colour_statistics(
 
 
 def _converted(module: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """A copy of `module` whose linear and convolution layers hold `dtype` weights; layer norms and the
-    polarity temperatures stay fp32 (normalisations and the exponential feature maps compute in fp32)."""
+    """A copy of `module` whose linear and convolution layers hold `dtype` weights, the linear layers
+    with their bias and ReLU fused (`fused_linear`); layer norms and the polarity temperatures stay fp32
+    (normalisations and the exponential feature maps compute in fp32). Frozen: rendering only."""
     module = copy.deepcopy(module)
     for layer in module.modules():
         if isinstance(layer, nn.Linear | nn.Conv1d):
             layer.to(dtype)
-    return module.eval()
+    fused = FusedLinear(module) if isinstance(module, nn.Linear) else fuse_linear_layers(module)
+    return fused.requires_grad_(False).eval()
+
+
+def _feed_forward(ffn: nn.Sequential, normed: Tensor, residual: Tensor) -> Tensor:
+    """`residual + ffn(normed)` with the ReLU and the residual add inside the matmuls (`fused_linear`)."""
+    first, _, last = ffn
+    assert isinstance(first, FusedLinear) and isinstance(last, FusedLinear) and first.relu
+    return last(first(normed), residual=residual)
+
+
+def _view_block(
+    block: ViewTransformerBlock,
+    tokens: Float[Tensor, "points width"],
+    kv: Float[Tensor, "points views 2*width"],
+    view_mask: Bool[Tensor, "points views"],
+) -> Float[Tensor, "points width"]:
+    """`ViewTransformerBlock.forward` (eval) from the attention's keys and values."""
+    attention = block.attention
+    assert isinstance(attention, ViewAttention)
+    normed, _ = render_kernels.layer_norm(block.attention_norm, tokens)
+    attended = render_kernels.view_attention(attention, normed, kv, view_mask)
+    normed, x = render_kernels.layer_norm(block.ffn_norm, attended, tokens)  # x = tokens + attended
+    return _feed_forward(block.ffn, normed, x)
+
+
+def _ray_block(
+    block: RayTransformerBlock, tokens: Float[Tensor, "rays samples width"], seen: Bool[Tensor, "rays samples"]
+) -> Float[Tensor, "rays samples width"]:
+    """`RayTransformerBlock.forward` (eval)."""
+    normed, _ = render_kernels.layer_norm(block.attention_norm, tokens)
+    normed, x = render_kernels.layer_norm(block.ffn_norm, block.attention(normed, seen), tokens)
+    return _feed_forward(block.ffn, normed, x)
+
+
+class ViewKeysValues:
+    """The keys and values `[k + pos, v + pos]` of every block's view attention in one matmul.
+
+    Each block's are `keys_values_with_directions`: `[x, relu(W1 r + b1)] @ [W_kv | W2; W2]^T + b`, with
+    its own relative-direction MLP (`pos_fc`). Stacked: the first layers of all the MLPs are one
+    `[blocks * dim / 8, 4]` layer, and `[x, hidden_1, ..., hidden_B]` times a block matrix (each block's
+    `W2` in its own columns, zeros elsewhere) gives every block's keys and values side by side: one pass
+    over the `[points, views, ...]` tensors instead of a concatenation, a matmul and a bias copy per block.
+    """
+
+    def __init__(self, net: GNT, dtype: torch.dtype):
+        attentions: list[ViewAttention] = []
+        for block in net.blocks:
+            assert isinstance(block, GNTBlock)
+            attention = block.view_block.attention
+            assert isinstance(attention, ViewAttention)
+            attentions.append(attention)
+        firsts, lasts, projections = [], [], []
+        for attention in attentions:
+            first, _, last = attention.pos_fc
+            assert isinstance(first, nn.Linear) and isinstance(last, nn.Linear)
+            firsts.append(first)
+            lasts.append(last)
+            projections.append(attention.kv_projection())
+        hidden = firsts[0].out_features
+        width = projections[0][0].shape[1]
+        self.pos_weight = torch.cat([f.weight.detach() for f in firsts]).to(dtype)  # [blocks * hidden, 4]
+        self.pos_bias = torch.cat([f.bias.detach() for f in firsts]).to(dtype)
+        rows, biases = [], []
+        for index, ((kv_weight, kv_bias), last) in enumerate(zip(projections, lasts)):
+            row = kv_weight.new_zeros(kv_weight.shape[0], width + hidden * len(attentions))
+            row[:, :width] = kv_weight.detach()
+            row[:, width + index * hidden : width + (index + 1) * hidden] = last.weight.detach().repeat(2, 1)
+            rows.append(row)
+            pos_bias = last.bias.detach().repeat(2)
+            biases.append(pos_bias if kv_bias is None else kv_bias.detach() + pos_bias)
+        self.weight = torch.cat(rows).to(dtype)  # [blocks * 2 dim, dim + blocks * hidden]
+        self.bias = torch.cat(biases).to(dtype)
+        self.n_blocks = len(attentions)
+
+    def __call__(
+        self, view_tokens: Float[Tensor, "points views dim"], rel_dirs: Float[Tensor, "points views 4"]
+    ) -> list[Float[Tensor, "points views 2*dim"]]:
+        """Each block's `[k + pos, v + pos]` (strided views of one tensor)."""
+        hidden = fused_linear(rel_dirs, self.pos_weight, self.pos_bias, relu=True)
+        keys_values = fused_linear(torch.cat([view_tokens, hidden], dim=-1), self.weight, self.bias)
+        return list(keys_values.chunk(self.n_blocks, dim=-1))

@@ -1,5 +1,6 @@
 """Rays per rendering pass under a memory budget (`render.max_memory_mb`), for `render_video` and the
-viewer: `render.chunk_rays` is the most rays per pass, and fewer when that many would not fit.
+viewer: `render.chunk_rays` is the most rays per pass, and fewer when that many would not fit; and how
+many passes run at once on a CPU (`render.workers`, `model.renderer.render_rays`) within the same budget.
 
 The estimate: the largest activations of a pass are the view transformer's per (ray, sample, view)
 tensors of the network's width (queries, keys, values, gates, the FFN's hidden layer and the residual
@@ -40,3 +41,17 @@ def budget_chunk_rays(render: RenderSettings, net: NetSettings, num_source_views
     budget_mb = render.max_memory_mb if render.max_memory_mb is not None else default_budget_mb(device)
     fitting = int(budget_mb * 2**20 // bytes_per_ray(net, render.n_samples, num_source_views))
     return max(1, min(render.chunk_rays, fitting))
+
+
+def render_workers(
+    render: RenderSettings, net: NetSettings, num_source_views: int, chunk_rays: int, device: torch.device
+) -> int:
+    """Chunks rendered at once: 1 on a CUDA device; on a CPU `render.workers`, or (null) one per thread
+    torch uses, as many of `chunk_rays` rays as fit `render.max_memory_mb` together (at least one)."""
+    if device.type != "cpu":
+        return 1
+    if render.workers is not None:
+        return render.workers
+    budget_mb = render.max_memory_mb if render.max_memory_mb is not None else default_budget_mb(device)
+    fitting = int(budget_mb * 2**20 // (chunk_rays * bytes_per_ray(net, render.n_samples, num_source_views)))
+    return max(1, min(torch.get_num_threads(), fitting))

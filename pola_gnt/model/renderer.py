@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +26,23 @@ class RenderedImage:
     depth: Float[Tensor, "height width"]  # expected camera z-depth
 
 
+class RenderCancelled(Exception):
+    """`render_rays` stopped between two chunks because `cancelled()` turned true."""
+
+
+@contextmanager
+def _single_threaded_workers(workers: int) -> Iterator[ThreadPoolExecutor]:
+    """A pool of `workers` threads whose torch operations each run on one thread (the process's thread
+    count is restored afterwards). Threads started while the count is 1 take it as theirs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="render") as pool:
+            yield pool
+    finally:
+        torch.set_num_threads(threads)
+
+
 @torch.inference_mode()
 def render_rays(
     model: RenderNetwork,
@@ -30,15 +51,61 @@ def render_rays(
     depth_range: tuple[float, float],
     sampler: DepthSampler,
     chunk_rays: int,
+    workers: int = 1,
+    cancelled: Callable[[], bool] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[Float[Tensor, "rays 3"], Float[Tensor, " rays"]]:
-    """Colour `[rays, 3]` (clipped) and depth `[rays]` with deterministic samples, `chunk_rays` at a time."""
+    """Colour `[rays, 3]` (clipped) and depth `[rays]` with deterministic samples, `chunk_rays` at a time.
+
+    `workers` > 1 (on a CPU): that many chunks at once, each on one thread, instead of one chunk at a
+    time on all of them: the network's many small operations share two threads badly (a 2-core CPU
+    rendered 1.2-1.25x faster so, `render_workers`). Each chunk is computed as it would be alone, so the
+    pixels do not depend on `workers`. `cancelled()` is asked before each chunk (RenderCancelled);
+    `progress(rays done, rays in all)` is told after each chunk, in order."""
+    # The fast network's feature maps projected once, before the workers share them.
+    projected = model.project(sources) if isinstance(model, FastRenderNetwork) else None
+    starts = range(0, len(rays), chunk_rays)
+    autocast = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+
+    def render_chunk(start: int) -> tuple[Tensor, Tensor]:
+        # Inference mode and autocast are per thread: a worker takes the caller's.
+        with torch.inference_mode(), torch.autocast("cpu", dtype=autocast[1], enabled=autocast[0]):
+            chunk = rays[start : start + chunk_rays]
+            depths = sampler(chunk, depth_range)
+            if isinstance(model, FastRenderNetwork) and projected is not None:
+                output = model(chunk, depths, projected)
+            else:
+                output = model(chunk, depths, sources)
+            return output.rgb.float().clamp(0.0, 1.0), output.depth.float()
+
     colours, depths = [], []
-    for start in range(0, len(rays), chunk_rays):
-        chunk = rays[start : start + chunk_rays]
-        samples = sampler(chunk, depth_range)
-        output = model(chunk, samples, sources)
-        colours.append(output.rgb.float().clamp(0.0, 1.0))
-        depths.append(output.depth.float())
+
+    def collect(start: int, result: tuple[Tensor, Tensor]) -> None:
+        colours.append(result[0])
+        depths.append(result[1])
+        if progress is not None:
+            progress(min(start + chunk_rays, len(rays)), len(rays))
+
+    def check_cancelled() -> None:
+        if cancelled is not None and cancelled():
+            raise RenderCancelled
+
+    if workers <= 1 or len(starts) == 1 or rays.origins.device.type != "cpu":
+        for start in starts:
+            check_cancelled()
+            collect(start, render_chunk(start))
+    else:
+        with _single_threaded_workers(workers) as pool:
+            pending: deque[tuple[int, Future]] = deque()
+            for start in starts:  # at most `workers` chunks in flight, collected in order
+                check_cancelled()
+                pending.append((start, pool.submit(render_chunk, start)))
+                if len(pending) == workers:
+                    first, future = pending.popleft()
+                    collect(first, future.result())
+            while pending:
+                first, future = pending.popleft()
+                collect(first, future.result())
     return torch.cat(colours), torch.cat(depths)
 
 
@@ -54,10 +121,12 @@ def render_image(
     sampler: DepthSampler,
     chunk_rays: int,
     stride: int = 1,
+    workers: int = 1,
 ) -> RenderedImage:
-    """Render the camera (`c2w` `[4, 4]`, `intrinsics` `[3, 3]`) at every `stride`-th pixel."""
+    """Render the camera (`c2w` `[4, 4]`, `intrinsics` `[3, 3]`) at every `stride`-th pixel
+    (`workers`: `render_rays`)."""
     rows, cols = len(range(0, height, stride)), len(range(0, width, stride))
     pixels = pixel_grid(rows, cols, device=c2w.device) * stride
     rays = pixel_rays(c2w, intrinsics, pixels)
-    rgb, depth = render_rays(model, rays, sources, depth_range, sampler, chunk_rays)
+    rgb, depth = render_rays(model, rays, sources, depth_range, sampler, chunk_rays, workers)
     return RenderedImage(rgb=rgb.reshape(rows, cols, 3), depth=depth.reshape(rows, cols))

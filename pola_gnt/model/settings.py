@@ -132,6 +132,7 @@ class RenderSettings:
     chunk_rays: int  # rays per forward pass when rendering whole images
     max_memory_mb: float | None  # fewer rays per pass when chunk_rays would need more; None: by device
     precision: str  # auto | fp32 | bf16 of full-image renders (test views, videos, viewer): model.inference
+    workers: int | None  # chunks rendered at once on a CPU, one thread each; None: by threads and memory
 
     def check(self, key: str) -> None:
         from pola_gnt.model.inference import PRECISIONS  # it imports the network, which takes these settings
@@ -141,3 +142,5 @@ class RenderSettings:
         if self.max_memory_mb is not None:
             check_number(self.max_memory_mb, f"{key}.max_memory_mb", 0)
         check_choice(self.precision, f"{key}.precision", PRECISIONS)
+        if self.workers is not None:
+            check_int(self.workers, f"{key}.workers", why="chunks rendered at once")

@@ -35,6 +35,7 @@ from pola_gnt.model.inference import (
     render_network,
     resolve_render_precision,
 )
+from pola_gnt.model.render_memory import render_workers
 from pola_gnt.model.renderer import render_image
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.checkpoints import (
@@ -231,6 +232,13 @@ class GNTSystem(pl.LightningModule):
             self.sampler,
             settings.render.chunk_rays,
             stride=protocol_stride(settings.metrics.protocol),
+            workers=render_workers(
+                settings.render,
+                settings.model.net,
+                settings.data.num_source_views,
+                settings.render.chunk_rays,
+                self.device,
+            ),
         )
         self.test_results.append(self.scorer(batch.view, rendered.rgb, rendered.depth, settings.output.save_images))
 

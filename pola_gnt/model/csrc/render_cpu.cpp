@@ -1,0 +1,382 @@
+// Fused CPU kernels of the rendering network (`model/inference.py`, `render.precision: bf16`), for both
+// models alike: each replaces a chain of PyTorch operations that pass over `[points, views, width]`
+// tensors several times (at width 32 those passes, not the matmuls, are most of a render's time) by one
+// pass that keeps a point's rows in registers. `model/render_kernels.py` holds the PyTorch form of each,
+// which the tests compare them with and which runs where these cannot be built.
+//
+//   view_token_inputs   relu(visible * bilinear(W_f F) + W_rgb rgb + b) written as [points, views, width]
+//                        (the first layer of the view tokens after the projection moved out of the
+//                        per-sample path; grid_sample's border padding with align_corners)
+//   masked_max_views    the maximum over the visible views of each point's tokens, 0 where none is
+//   layer_norm_rows     LayerNorm over the last axis with float32 statistics, optionally of x + residual
+//                        (then also returning the sum)
+//   subtraction_view_attention   GNT's view attention (a small MLP of k - q per view and channel, softmax
+//                        over the views) from its keys and values, before its output layer
+//
+// Storage is bf16 or float32; arithmetic is float32. bf16 is written rounded to nearest even.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kMaxWidth = 512;
+constexpr int64_t kGrain = 256;
+constexpr int64_t kMaxSubtractionViews = 64;
+
+inline float to_float(c10::BFloat16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.x) << 16); }
+inline float to_float(float x) { return x; }
+
+// Round to nearest even (the values are finite: no NaN case), as c10's conversion does for finite values.
+inline void store(c10::BFloat16* out, float x) {
+  uint32_t bits = std::bit_cast<uint32_t>(x);
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  out->x = static_cast<uint16_t>(bits >> 16);
+}
+inline void store(float* out, float x) { *out = x; }
+
+template <typename F>
+void dispatch_storage(const at::Tensor& t, F&& f) {
+  if (t.scalar_type() == at::kBFloat16) {
+    f(c10::BFloat16{});
+  } else {
+    TORCH_CHECK(t.scalar_type() == at::kFloat, "render kernels: bf16 or float32 storage, got ", t.scalar_type());
+    f(float{});
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// view_token_inputs(projected [V, h, w, C] f32, grid [V, P, 2] f32, visible [V, P] bool, rgb [V, 3, P] f32,
+//                   rgb_weight [C, 3] f32, bias [C] f32, out_dtype) -> [P, V, C]
+// grid_sample's bilinear read (align_corners=True, border padding): x = (g + 1) / 2 (w - 1) clipped to
+// [0, w - 1]; corners beyond the edge get weight 0 (they only occur with weight 0 after the clip).
+
+template <typename Out>
+void view_token_inputs_impl(const at::Tensor& projected, const at::Tensor& grid, const at::Tensor& visible,
+                            const at::Tensor& rgb, const at::Tensor& rgb_weight, const at::Tensor& bias,
+                            at::Tensor& out) {
+  const int64_t views = projected.size(0), h = projected.size(1), w = projected.size(2), C = projected.size(3);
+  const int64_t points = grid.size(1);
+  const float* maps = projected.data_ptr<float>();
+  const float* g = grid.data_ptr<float>();
+  const bool* vis = visible.data_ptr<bool>();
+  const float* colours = rgb.data_ptr<float>();
+  const float* wr = rgb_weight.data_ptr<float>();
+  const float* b = bias.data_ptr<float>();
+  Out* o = out.data_ptr<Out>();
+  float w0[kMaxWidth], w1[kMaxWidth], w2[kMaxWidth];  // the colour weights by input channel
+  for (int64_t c = 0; c < C; ++c) {
+    w0[c] = wr[c * 3];
+    w1[c] = wr[c * 3 + 1];
+    w2[c] = wr[c * 3 + 2];
+  }
+  const float sx = 0.5f * static_cast<float>(w - 1), sy = 0.5f * static_cast<float>(h - 1);
+  at::parallel_for(0, points, kGrain, [&](int64_t first, int64_t last) {
+    float row[kMaxWidth];
+    for (int64_t p = first; p < last; ++p) {
+      for (int64_t v = 0; v < views; ++v) {
+        const int64_t vp = v * points + p;
+        const float r = colours[(v * 3) * points + p], gr = colours[(v * 3 + 1) * points + p],
+                    bl = colours[(v * 3 + 2) * points + p];
+        for (int64_t c = 0; c < C; ++c) row[c] = b[c] + w0[c] * r + w1[c] * gr + w2[c] * bl;
+        if (vis[vp]) {
+          const float x = std::clamp((g[2 * vp] + 1.0f) * sx, 0.0f, static_cast<float>(w - 1));
+          const float y = std::clamp((g[2 * vp + 1] + 1.0f) * sy, 0.0f, static_cast<float>(h - 1));
+          const int64_t x0 = static_cast<int64_t>(std::floor(x)), y0 = static_cast<int64_t>(std::floor(y));
+          const int64_t x1 = std::min(x0 + 1, w - 1), y1 = std::min(y0 + 1, h - 1);
+          const float fx = x - static_cast<float>(x0), fy = y - static_cast<float>(y0);
+          const float a00 = (1 - fx) * (1 - fy), a01 = fx * (1 - fy), a10 = (1 - fx) * fy, a11 = fx * fy;
+          const float* m = maps + v * h * w * C;
+          const float* p00 = m + (y0 * w + x0) * C;
+          const float* p01 = m + (y0 * w + x1) * C;
+          const float* p10 = m + (y1 * w + x0) * C;
+          const float* p11 = m + (y1 * w + x1) * C;
+          for (int64_t c = 0; c < C; ++c) row[c] += a00 * p00[c] + a01 * p01[c] + a10 * p10[c] + a11 * p11[c];
+        }
+        Out* dst = o + (p * views + v) * C;
+        for (int64_t c = 0; c < C; ++c) store(dst + c, std::max(row[c], 0.0f));
+      }
+    }
+  });
+}
+
+at::Tensor view_token_inputs(const at::Tensor& projected, const at::Tensor& grid, const at::Tensor& visible,
+                             const at::Tensor& rgb, const at::Tensor& rgb_weight, const at::Tensor& bias,
+                             at::ScalarType out_dtype) {
+  TORCH_CHECK(projected.dim() == 4 && projected.is_contiguous() && projected.scalar_type() == at::kFloat,
+              "view_token_inputs: projected [V, h, w, C] float32 contiguous");
+  const int64_t views = projected.size(0), C = projected.size(3);
+  TORCH_CHECK(C <= kMaxWidth, "view_token_inputs: at most ", kMaxWidth, " channels");
+  TORCH_CHECK(grid.dim() == 3 && grid.size(0) == views && grid.size(2) == 2 && grid.is_contiguous() &&
+                  grid.scalar_type() == at::kFloat,
+              "view_token_inputs: grid [V, P, 2] float32 contiguous");
+  const int64_t points = grid.size(1);
+  TORCH_CHECK(visible.sizes() == at::IntArrayRef({views, points}) && visible.scalar_type() == at::kBool &&
+                  visible.is_contiguous(),
+              "view_token_inputs: visible [V, P] bool contiguous");
+  TORCH_CHECK(rgb.sizes() == at::IntArrayRef({views, 3, points}) && rgb.scalar_type() == at::kFloat &&
+                  rgb.is_contiguous(),
+              "view_token_inputs: rgb [V, 3, P] float32 contiguous");
+  TORCH_CHECK(rgb_weight.sizes() == at::IntArrayRef({C, 3}) && rgb_weight.is_contiguous() &&
+                  rgb_weight.scalar_type() == at::kFloat,
+              "view_token_inputs: rgb_weight [C, 3] float32");
+  TORCH_CHECK(bias.sizes() == at::IntArrayRef({C}) && bias.is_contiguous() && bias.scalar_type() == at::kFloat,
+              "view_token_inputs: bias [C] float32");
+  at::Tensor out = at::empty({points, views, C}, projected.options().dtype(out_dtype));
+  dispatch_storage(out, [&](auto tag) {
+    using Out = decltype(tag);
+    view_token_inputs_impl<Out>(projected, grid, visible, rgb, rgb_weight, bias, out);
+  });
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------------
+// masked_max_views(tokens [P, V, C], mask [P, V] bool) -> [P, C]: exact (a maximum of stored values).
+
+template <typename T>
+void masked_max_views_impl(const at::Tensor& tokens, const at::Tensor& mask, at::Tensor& out) {
+  const int64_t points = tokens.size(0), views = tokens.size(1), C = tokens.size(2);
+  const T* x = tokens.data_ptr<T>();
+  const bool* m = mask.data_ptr<bool>();
+  T* o = out.data_ptr<T>();
+  at::parallel_for(0, points, kGrain, [&](int64_t first, int64_t last) {
+    float best[kMaxWidth];
+    for (int64_t p = first; p < last; ++p) {
+      bool any = false;
+      for (int64_t c = 0; c < C; ++c) best[c] = -INFINITY;
+      for (int64_t v = 0; v < views; ++v) {
+        if (!m[p * views + v]) continue;
+        any = true;
+        const T* row = x + (p * views + v) * C;
+        for (int64_t c = 0; c < C; ++c) best[c] = std::max(best[c], to_float(row[c]));
+      }
+      T* dst = o + p * C;
+      for (int64_t c = 0; c < C; ++c) store(dst + c, any ? best[c] : 0.0f);  // exact: best is a stored value
+    }
+  });
+}
+
+at::Tensor masked_max_views(const at::Tensor& tokens, const at::Tensor& mask) {
+  TORCH_CHECK(tokens.dim() == 3 && tokens.is_contiguous() && tokens.size(2) <= kMaxWidth,
+              "masked_max_views: tokens [P, V, C] contiguous");
+  TORCH_CHECK(mask.sizes() == tokens.sizes().slice(0, 2) && mask.scalar_type() == at::kBool && mask.is_contiguous(),
+              "masked_max_views: mask [P, V] bool contiguous");
+  at::Tensor out = at::empty({tokens.size(0), tokens.size(2)}, tokens.options());
+  dispatch_storage(tokens, [&](auto tag) {
+    using T = decltype(tag);
+    masked_max_views_impl<T>(tokens, mask, out);
+  });
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------------
+// layer_norm_rows(x [N, C], residual [N, C]?, weight [C] f32, bias [C] f32, eps) -> (normed, x + residual)
+// Mean and variance in float32 over each row (two passes over the row in registers), as PyTorch's CPU
+// LayerNorm computes them for bf16 and float32 inputs. Without a residual the second output is empty.
+
+// C: the width when it has a compiled size (the row loops then unroll and vectorise), else 0 (any width).
+template <typename T, int C_>
+void layer_norm_rows_impl(const at::Tensor& x, const T* res, const at::Tensor& weight, const at::Tensor& bias,
+                          double eps, at::Tensor& normed, T* summed) {
+  const int64_t rows = x.size(0);
+  const int64_t C = C_ > 0 ? C_ : x.size(1);
+  const T* in = x.data_ptr<T>();
+  const float* gamma = weight.data_ptr<float>();
+  const float* beta = bias.data_ptr<float>();
+  T* out = normed.data_ptr<T>();
+  const float inv_c = 1.0f / static_cast<float>(C);
+  at::parallel_for(0, rows, kGrain, [&](int64_t first, int64_t last) {
+    float row[kMaxWidth];
+    for (int64_t r = first; r < last; ++r) {
+      const T* src = in + r * C;
+      if (res != nullptr) {
+        const T* add = res + r * C;
+        T* sum = summed + r * C;
+        for (int64_t c = 0; c < C; ++c) {
+          store(sum + c, to_float(src[c]) + to_float(add[c]));
+          row[c] = to_float(sum[c]);  // the stored sum: what a separate add would hand the norm
+        }
+      } else {
+        for (int64_t c = 0; c < C; ++c) row[c] = to_float(src[c]);
+      }
+      float mean = 0;
+      for (int64_t c = 0; c < C; ++c) mean += row[c];
+      mean *= inv_c;
+      float var = 0;
+      for (int64_t c = 0; c < C; ++c) var += (row[c] - mean) * (row[c] - mean);
+      const float rstd = 1.0f / std::sqrt(var * inv_c + static_cast<float>(eps));
+      T* dst = out + r * C;
+      for (int64_t c = 0; c < C; ++c) store(dst + c, (row[c] - mean) * rstd * gamma[c] + beta[c]);
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> layer_norm_rows(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
+                                                   const at::Tensor& weight, const at::Tensor& bias, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) <= kMaxWidth, "layer_norm_rows: x [N, C] contiguous");
+  const int64_t C = x.size(1);
+  TORCH_CHECK(weight.sizes() == at::IntArrayRef({C}) && bias.sizes() == at::IntArrayRef({C}) &&
+                  weight.scalar_type() == at::kFloat && bias.scalar_type() == at::kFloat && weight.is_contiguous() &&
+                  bias.is_contiguous(),
+              "layer_norm_rows: weight and bias [C] float32");
+  if (residual.has_value()) {
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type() &&
+                    residual->is_contiguous(),
+                "layer_norm_rows: residual like x");
+  }
+  at::Tensor normed = at::empty_like(x);
+  at::Tensor summed = residual.has_value() ? at::empty_like(x) : at::empty({0}, x.options());
+  dispatch_storage(x, [&](auto tag) {
+    using T = decltype(tag);
+    const T* res = residual.has_value() ? residual->data_ptr<T>() : nullptr;
+    T* sum = residual.has_value() ? summed.data_ptr<T>() : nullptr;
+    switch (C) {
+      case 32: layer_norm_rows_impl<T, 32>(x, res, weight, bias, eps, normed, sum); break;
+      case 64: layer_norm_rows_impl<T, 64>(x, res, weight, bias, eps, normed, sum); break;
+      default: layer_norm_rows_impl<T, 0>(x, res, weight, bias, eps, normed, sum);
+    }
+  });
+  return {normed, summed};
+}
+
+// ------------------------------------------------------------------------------------------------
+// subtraction_view_attention(q [P, C], kv [P, V, 2C] (k + pos, v + pos), mask [P, V] bool,
+//                            w1 [H, C], b1 [H], w2 [C, H], b2 [C] (float32)) -> [P, C]
+// GNT's view attention before its output layer (`SubtractionViewAttention.attend_with_kv`, eval):
+//   a_v = W2 relu(W1 (k_v - q) + b1) + b2;  w = softmax over the visible views of a (per channel);
+//   out = sum_v w_v (v_v).  A point no view sees: zeros (`zero_unseen_points`, as the network renders).
+// The point's rows stay in registers: no [points, views, width] temporaries.
+
+template <typename T, int C_>
+void subtraction_view_attention_impl(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& mask,
+                                     const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                                     const at::Tensor& b2, at::Tensor& out) {
+  const int64_t points = q.size(0), views = kv.size(1);
+  const int64_t C = C_ > 0 ? C_ : q.size(1);
+  const int64_t H = w1.size(0);
+  const T* qp = q.data_ptr<T>();
+  const T* kvp = kv.data_ptr<T>();
+  const int64_t q_stride = q.stride(0), kv_point = kv.stride(0), kv_view = kv.stride(1);
+  const bool* m = mask.data_ptr<bool>();
+  const float* W1 = w1.data_ptr<float>();
+  const float* B1 = b1.data_ptr<float>();
+  const float* B2 = b2.data_ptr<float>();
+  // W2 by hidden unit: column j of W2 as a contiguous row, so the score loop runs along the channels.
+  std::vector<float> w2_columns(H * C);
+  const float* W2 = w2.data_ptr<float>();
+  for (int64_t j = 0; j < H; ++j)
+    for (int64_t c = 0; c < C; ++c) w2_columns[j * C + c] = W2[c * H + j];
+  const float* W2c = w2_columns.data();
+  T* o = out.data_ptr<T>();
+  at::parallel_for(0, points, kGrain, [&](int64_t first, int64_t last) {
+    float query[kMaxWidth], diff[kMaxWidth], score[kMaxSubtractionViews][kMaxWidth];
+    float hidden[kMaxWidth];
+    for (int64_t p = first; p < last; ++p) {
+      for (int64_t c = 0; c < C; ++c) query[c] = to_float(qp[p * q_stride + c]);
+      const bool* seen = m + p * views;
+      bool any = false;
+      for (int64_t v = 0; v < views; ++v) any = any || seen[v];
+      T* dst = o + p * C;
+      if (!any) {
+        for (int64_t c = 0; c < C; ++c) store(dst + c, 0.0f);
+        continue;
+      }
+      for (int64_t v = 0; v < views; ++v) {
+        const T* k = kvp + p * kv_point + v * kv_view;
+        for (int64_t c = 0; c < C; ++c) diff[c] = to_float(k[c]) - query[c];
+        for (int64_t j = 0; j < H; ++j) {
+          const float* row = W1 + j * C;
+          float acc = 0;
+          for (int64_t c = 0; c < C; ++c) acc += row[c] * diff[c];
+          hidden[j] = std::max(acc + B1[j], 0.0f);
+        }
+        float* a = score[v];
+        for (int64_t c = 0; c < C; ++c) a[c] = B2[c];
+        for (int64_t j = 0; j < H; ++j) {
+          const float* column = W2c + j * C;
+          const float h = hidden[j];
+          for (int64_t c = 0; c < C; ++c) a[c] += column[c] * h;
+        }
+      }
+      // Softmax over the views the point sees.
+      float top[kMaxWidth], total[kMaxWidth], acc[kMaxWidth];
+      for (int64_t c = 0; c < C; ++c) {
+        top[c] = -INFINITY;
+        total[c] = 0;
+        acc[c] = 0;
+      }
+      for (int64_t v = 0; v < views; ++v) {
+        if (!seen[v]) continue;
+        for (int64_t c = 0; c < C; ++c) top[c] = std::max(top[c], score[v][c]);
+      }
+      for (int64_t v = 0; v < views; ++v) {
+        if (!seen[v]) continue;
+        const T* value = kvp + p * kv_point + v * kv_view + C;
+        for (int64_t c = 0; c < C; ++c) {
+          const float e = std::exp(score[v][c] - top[c]);
+          total[c] += e;
+          acc[c] += e * to_float(value[c]);
+        }
+      }
+      for (int64_t c = 0; c < C; ++c) store(dst + c, acc[c] / total[c]);
+    }
+  });
+}
+
+at::Tensor subtraction_view_attention(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& mask,
+                                      const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
+                                      const at::Tensor& b2) {
+  TORCH_CHECK(q.dim() == 2 && q.stride(1) == 1 && q.size(1) <= kMaxWidth, "subtraction_view_attention: q [P, C]");
+  const int64_t points = q.size(0), C = q.size(1);
+  TORCH_CHECK(kv.dim() == 3 && kv.size(0) == points && kv.size(2) == 2 * C && kv.stride(2) == 1 &&
+                  kv.scalar_type() == q.scalar_type() && kv.size(1) <= kMaxSubtractionViews,
+              "subtraction_view_attention: kv [P, V, 2C] (V <= ", kMaxSubtractionViews, ") like q");
+  TORCH_CHECK(mask.sizes() == kv.sizes().slice(0, 2) && mask.scalar_type() == at::kBool && mask.is_contiguous(),
+              "subtraction_view_attention: mask [P, V] bool contiguous");
+  const int64_t H = w1.size(0);
+  for (const auto* t : {&w1, &b1, &w2, &b2}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous(), "subtraction_view_attention: float32 weights");
+  }
+  TORCH_CHECK(w1.sizes() == at::IntArrayRef({H, C}) && b1.sizes() == at::IntArrayRef({H}) &&
+                  w2.sizes() == at::IntArrayRef({C, H}) && b2.sizes() == at::IntArrayRef({C}) && H <= kMaxWidth,
+              "subtraction_view_attention: w1 [H, C], b1 [H], w2 [C, H], b2 [C]");
+  at::Tensor out = at::empty({points, C}, q.options());
+  dispatch_storage(q, [&](auto tag) {
+    using T = decltype(tag);
+    switch (C) {
+      case 32: subtraction_view_attention_impl<T, 32>(q, kv, mask, w1, b1, w2, b2, out); break;
+      case 64: subtraction_view_attention_impl<T, 64>(q, kv, mask, w1, b1, w2, b2, out); break;
+      default: subtraction_view_attention_impl<T, 0>(q, kv, mask, w1, b1, w2, b2, out);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(pola_gnt_render, m) {
+  m.def(
+      "view_token_inputs(Tensor projected, Tensor grid, Tensor visible, Tensor rgb, Tensor rgb_weight, Tensor bias, "
+      "ScalarType out_dtype) -> Tensor");
+  m.def("masked_max_views(Tensor tokens, Tensor mask) -> Tensor");
+  m.def("layer_norm_rows(Tensor x, Tensor? residual, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor)");
+  m.def(
+      "subtraction_view_attention(Tensor q, Tensor kv, Tensor mask, Tensor w1, Tensor b1, Tensor w2, Tensor b2) "
+      "-> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(pola_gnt_render, CPU, m) {
+  m.impl("view_token_inputs", &view_token_inputs);
+  m.impl("masked_max_views", &masked_max_views);
+  m.impl("layer_norm_rows", &layer_norm_rows);
+  m.impl("subtraction_view_attention", &subtraction_view_attention);
+}
