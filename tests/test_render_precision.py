@@ -202,12 +202,17 @@ def _bf16_and_rounded(*tensors: torch.Tensor) -> tuple[list[torch.Tensor], list[
     return low, [x.double() for x in low]
 
 
+# (heads, head dim): 32 and 64 channels a point, the compiled all-heads-at-once forms; 24, the per-head form.
+HEAD_SHAPES = [(4, 8), (4, 16), (3, 8)]
+
+
+@pytest.mark.parametrize("heads, d", HEAD_SHAPES)
 @pytest.mark.parametrize("scale", [1.0, 30.0])  # 30: exponents beyond the clamp
-def test_the_bf16_view_kernel_against_the_fp64_reference(scale):
+def test_the_bf16_view_kernel_against_the_fp64_reference(scale, heads, d):
     """bf16 q, k, v in, fp32 temperatures, exponentials in fp32, bf16 out: within bf16's rounding of the
     output (2^-8 relative) of the reference on the same inputs."""
     generator = torch.Generator().manual_seed(3)
-    points, views, heads, d = 300, 4, 4, 8
+    points, views = 300, 4
     q = torch.randn(points, heads, d, generator=generator) * scale
     kv = torch.randn(points, views, 2 * heads * d, generator=generator) * scale
     k, v = kv[..., : heads * d].unflatten(-1, (heads, d)), kv[..., heads * d :].unflatten(-1, (heads, d))
@@ -228,10 +233,11 @@ def test_the_bf16_view_kernel_against_the_fp64_reference(scale):
     torch.testing.assert_close(got.double(), expected, rtol=2**-7, atol=1e-3 * max(expected.abs().max().item(), 1.0))
 
 
+@pytest.mark.parametrize("heads, d", HEAD_SHAPES)
 @pytest.mark.parametrize("scale", [1.0, 30.0])
-def test_the_bf16_ray_kernel_and_lepe_against_fp64(scale):
+def test_the_bf16_ray_kernel_and_lepe_against_fp64(scale, heads, d):
     generator = torch.Generator().manual_seed(4)
-    rays, samples, heads, d = 6, 32, 4, 8
+    rays, samples = 6, 32
     qkv = torch.randn(rays, samples, 3 * heads * d, generator=generator) * scale
     q, k, v = qkv.chunk(3, dim=-1)
     ts, to = (torch.rand(heads, 2 * d, generator=generator) * 0.9 + 0.1 for _ in range(2))

@@ -33,6 +33,28 @@ constexpr int64_t kMaxWidth = 512;
 constexpr int64_t kGrain = 256;
 constexpr int64_t kMaxSubtractionViews = 64;
 
+// exp(max(x, -87)) for x <= 0 (softmax terms after subtracting the maximum), in a form the compiler
+// vectorises (std::exp stays a scalar call): x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite split of ln2),
+// e^r by its Taylor polynomial to r^8 (within 1e-7 relative of exp), 2^n from its exponent bits. Below
+// -87 (where float's normal range ends) it gives exp(-87) = 1.6e-38 instead of less: against the
+// maximum's term, 1, nothing a softmax can tell apart.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const int32_t n = static_cast<int32_t>(x * 1.44269504f - 0.5f);  // round(x / ln2), x <= 0
+  const float nf = static_cast<float>(n);
+  const float r = (x - nf * 0.693145751953125f) - nf * 1.428606765330187e-06f;
+  float p = 1.0f / 40320.0f;
+  p = p * r + 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  return std::bit_cast<float>((n + 127) << 23) * p;
+}
+
 inline float to_float(c10::BFloat16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.x) << 16); }
 inline float to_float(float x) { return x; }
 
@@ -256,18 +278,25 @@ std::tuple<at::Tensor, at::Tensor> layer_norm_rows(const at::Tensor& x, const c1
 //   out = sum_v w_v (v_v).  A point no view sees: zeros (`zero_unseen_points`, as the network renders).
 // The point's rows stay in registers: no [points, views, width] temporaries.
 
-template <typename T, int C_>
+// C_, H_: the width and hidden units where they have a compiled size (GNT's attn_fc: H = C / 8), else 0.
+template <typename T, int C_, int H_>
 void subtraction_view_attention_impl(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& mask,
                                      const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2,
                                      const at::Tensor& b2, at::Tensor& out) {
   const int64_t points = q.size(0), views = kv.size(1);
   const int64_t C = C_ > 0 ? C_ : q.size(1);
-  const int64_t H = w1.size(0);
+  const int64_t H = H_ > 0 ? H_ : w1.size(0);
   const T* qp = q.data_ptr<T>();
   const T* kvp = kv.data_ptr<T>();
   const int64_t q_stride = q.stride(0), kv_point = kv.stride(0), kv_view = kv.stride(1);
   const bool* m = mask.data_ptr<bool>();
+  // W1 by input channel: row c holds the H weights of channel c, so the hidden units accumulate side by
+  // side (each in the order of the channels, as a matmul's row would).
+  std::vector<float> w1_rows(C * H);
   const float* W1 = w1.data_ptr<float>();
+  for (int64_t j = 0; j < H; ++j)
+    for (int64_t c = 0; c < C; ++c) w1_rows[c * H + j] = W1[j * C + c];
+  const float* W1r = w1_rows.data();
   const float* B1 = b1.data_ptr<float>();
   const float* B2 = b2.data_ptr<float>();
   // W2 by hidden unit: column j of W2 as a contiguous row, so the score loop runs along the channels.
@@ -293,12 +322,13 @@ void subtraction_view_attention_impl(const at::Tensor& q, const at::Tensor& kv, 
       for (int64_t v = 0; v < views; ++v) {
         const T* k = kvp + p * kv_point + v * kv_view;
         for (int64_t c = 0; c < C; ++c) diff[c] = to_float(k[c]) - query[c];
-        for (int64_t j = 0; j < H; ++j) {
-          const float* row = W1 + j * C;
-          float acc = 0;
-          for (int64_t c = 0; c < C; ++c) acc += row[c] * diff[c];
-          hidden[j] = std::max(acc + B1[j], 0.0f);
+        for (int64_t j = 0; j < H; ++j) hidden[j] = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          const float* row = W1r + c * H;
+          const float d = diff[c];
+          for (int64_t j = 0; j < H; ++j) hidden[j] += row[j] * d;
         }
+        for (int64_t j = 0; j < H; ++j) hidden[j] = std::max(hidden[j] + B1[j], 0.0f);
         float* a = score[v];
         for (int64_t c = 0; c < C; ++c) a[c] = B2[c];
         for (int64_t j = 0; j < H; ++j) {
@@ -322,7 +352,7 @@ void subtraction_view_attention_impl(const at::Tensor& q, const at::Tensor& kv, 
         if (!seen[v]) continue;
         const T* value = kvp + p * kv_point + v * kv_view + C;
         for (int64_t c = 0; c < C; ++c) {
-          const float e = std::exp(score[v][c] - top[c]);
+          const float e = exp_nonpositive(score[v][c] - top[c]);
           total[c] += e;
           acc[c] += e * to_float(value[c]);
         }
@@ -352,10 +382,12 @@ at::Tensor subtraction_view_attention(const at::Tensor& q, const at::Tensor& kv,
   at::Tensor out = at::empty({points, C}, q.options());
   dispatch_storage(q, [&](auto tag) {
     using T = decltype(tag);
-    switch (C) {
-      case 32: subtraction_view_attention_impl<T, 32>(q, kv, mask, w1, b1, w2, b2, out); break;
-      case 64: subtraction_view_attention_impl<T, 64>(q, kv, mask, w1, b1, w2, b2, out); break;
-      default: subtraction_view_attention_impl<T, 0>(q, kv, mask, w1, b1, w2, b2, out);
+    if (C == 32 && H == 4) {
+      subtraction_view_attention_impl<T, 32, 4>(q, kv, mask, w1, b1, w2, b2, out);
+    } else if (C == 64 && H == 8) {
+      subtraction_view_attention_impl<T, 64, 8>(q, kv, mask, w1, b1, w2, b2, out);
+    } else {
+      subtraction_view_attention_impl<T, 0, 0>(q, kv, mask, w1, b1, w2, b2, out);
     }
   });
   return out;

@@ -106,8 +106,9 @@ def check_compatible(path: Path, cfg: DictConfig, stored: DictConfig) -> DictCon
 
 # Sections (and keys) that describe the machine and the command rather than the trained run: always
 # taken from the command line's config, so a GPU-trained checkpoint evaluates on a CPU, old checkpoints
-# render videos with today's video options, and rays per pass, memory and render precision suit the
-# machine at hand (the rays per pass do not change a pixel: tests/test_render_precision.py).
+# render videos with today's video options, and rays per pass, memory, render precision and the passes
+# at once suit the machine at hand (rays per pass and workers change no pixel: tests/test_render_precision.py,
+# tests/test_render_kernels.py).
 COMMAND_SECTIONS = (
     "trainer",
     "video",
@@ -117,6 +118,7 @@ COMMAND_SECTIONS = (
     "render.chunk_rays",
     "render.max_memory_mb",
     "render.precision",
+    "render.workers",
     *(f"model.net.{key}" for key in MACHINE_NET_KEYS),
 )
 
@@ -225,7 +227,7 @@ def run_config_with_overrides(
     - `model=NAME` must name the checkpoint's model and `model.net.*` keys must equal the
       checkpoint's: a network cannot change after training (UserError naming what differs);
     - `trainer`, `video`, `view`, `analyze`, `ckpt_path`, the render keys of the machine
-      (`render.chunk_rays`, `render.max_memory_mb`, `render.precision`) and the training cache's
+      (`render.chunk_rays`, `render.max_memory_mb`, `render.precision`, `render.workers`) and the training cache's
       size (`model.net.encoder.feature_cache_mb`) always come from `cfg` (`COMMAND_SECTIONS`).
     Keys the checkpoint lacks (added to the project after it was saved) take `cfg`'s defaults.
     """
