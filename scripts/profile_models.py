@@ -54,7 +54,7 @@ def profile_model(kind: str, args: argparse.Namespace, device: torch.device) -> 
     return sum(row[1] for row in rows), rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--views", type=int, default=4)
@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--bf16", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.models = list(MODELS)
     args.compile = False
     device = torch.device(args.device)

@@ -91,3 +91,15 @@ def test_bench_render_runs_both_models_and_reports_ratios(tmp_path, capsys):
         assert row["render_bf16_rays_per_s"] > 0
         assert row["render_bf16_speedup"] == pytest.approx(row["render_bf16_rays_per_s"] / row["render_rays_per_s"])
     assert "Pola-GNT / GNT" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("phase", [["--phase", "render", "--bf16"], ["--phase", "train"]])
+def test_profile_models_ranks_both_models_operators(phase, capsys):
+    """The profiler's table for both models: the bf16 render network (what `render.precision=bf16`
+    runs) and a training step."""
+    profile = load_script("profile_models")
+    profile.main(
+        ["--samples", "8", "--rays", "4", "--views", "3", "--width", "16", "--blocks", "1", "--steps", "1", *phase]
+    )
+    out = capsys.readouterr().out
+    assert "gnt: top" in out and "pola_gnt: top" in out and "pola_gnt / gnt" in out
