@@ -19,12 +19,19 @@ The moves, each the same function as the GNT's forward (tests hold them to 1e-5 
   three products, and the direction is the same for every sample of a ray, so its product is
   computed once per ray instead of once per sample (and no `[rays, samples, width + 126]` tensor is
   concatenated).
+- Every block's view keys and values `[x, relu(W1 r + b1)] @ [W_kv | W2; W2]^T + b` come from one
+  matmul with the blocks' matrices side by side (`ViewKeysValues`).
+
+Memory passes fused (at width 32 they, not the matmuls, are most of a render's time on a CPU): the
+linear layers keep their bias, ReLU and residual add inside the matmul (`fused_linear`), and the view
+tokens' first layer, the masked maximum over views, the layer norms of residual sums and GNT's
+subtraction attention run in C++ kernels (`render_kernels`), each against its PyTorch form in the tests.
 
 Numerics of bf16: weights of the linear layers (and the LePE's) are converted once per render
-network; layer norms keep fp32 weights and normalise in fp32 (PyTorch's CPU kernels accumulate bf16
-inputs in fp32), softmax and the read-out's pooling run in fp32, the polarity kernels read bf16 and
-compute their exponential feature maps in fp32 registers (`attention/csrc`), the projections,
-visibility and sample positions are fp32, and the outputs (colour, depth, weights) are fp32.
+network; layer norms keep fp32 weights and normalise in fp32, softmax and the read-out's pooling run in
+fp32, the polarity kernels and the render kernels read bf16 and compute in fp32 registers (the
+exponential feature maps included), the projections, visibility and sample positions are fp32, and the
+outputs (colour, depth, weights) are fp32.
 """
 
 from __future__ import annotations
