@@ -165,16 +165,13 @@ class PolaAttentionBase(nn.Module):
 # View (cross) attention: one query per point, one key/value per source view
 
 
-@register_view_attention("pola")
-class PolaViewAttention(PolaAttentionBase):
-    """Polarity-aware cross-attention from the point token to its views (no LePE: views are a set).
-    Linear attention forms no weight matrix, so it has no weights to drop (`dropout` is ignored)."""
+class ViewAttention(nn.Module):
+    """What every view attention kind shares: the keys and values `[k + pos, v + pos]` of the view tokens
+    with the relative-direction embedding `pos_fc` (`keys_values_with_directions`, from the kind's
+    `kv_projection`), then the kind's own attention of the query over them (`attend_with_kv`, which the
+    rendering network also calls with every block's keys and values computed at once)."""
 
-    def __init__(self, dim: int, heads: int, dropout: float = 0.0):
-        super().__init__(dim, heads)
-        self.to_qg = nn.Linear(dim, 2 * dim)
-        self.to_kv = nn.Linear(dim, 2 * dim)
-        self.pos_fc = relative_direction_mlp(dim)
+    pos_fc: nn.Sequential
 
     def forward(
         self,
@@ -187,8 +184,8 @@ class PolaViewAttention(PolaAttentionBase):
         return self.attend_with_kv(query, kv, view_mask)
 
     def kv_projection(self) -> tuple[Tensor, Tensor | None]:
-        """The weight `[2 dim, dim]` and bias of the keys and values of the view tokens."""
-        return self.to_kv.weight, self.to_kv.bias
+        """The weight `[2 dim, dim]` and bias (or None) of the keys and values of the view tokens."""
+        raise NotImplementedError
 
     def attend_with_kv(
         self,
@@ -197,6 +194,29 @@ class PolaViewAttention(PolaAttentionBase):
         view_mask: Bool[Tensor, "points views"],
     ) -> Float[Tensor, "points dim"]:
         """`forward` from the keys and values `[k + pos, v + pos]` (`keys_values_with_directions`)."""
+        raise NotImplementedError
+
+
+@register_view_attention("pola")
+class PolaViewAttention(PolaAttentionBase, ViewAttention):
+    """Polarity-aware cross-attention from the point token to its views (no LePE: views are a set).
+    Linear attention forms no weight matrix, so it has no weights to drop (`dropout` is ignored)."""
+
+    def __init__(self, dim: int, heads: int, dropout: float = 0.0):
+        super().__init__(dim, heads)
+        self.to_qg = nn.Linear(dim, 2 * dim)
+        self.to_kv = nn.Linear(dim, 2 * dim)
+        self.pos_fc = relative_direction_mlp(dim)
+
+    def kv_projection(self) -> tuple[Tensor, Tensor | None]:
+        return self.to_kv.weight, self.to_kv.bias
+
+    def attend_with_kv(
+        self,
+        query: Float[Tensor, "points dim"],
+        kv: Float[Tensor, "points views 2*dim"],
+        view_mask: Bool[Tensor, "points views"],
+    ) -> Float[Tensor, "points dim"]:
         q, gate = self.to_qg(query).chunk(2, dim=-1)  # [points, dim] each
         k, v = kv.chunk(2, dim=-1)  # [points, views, dim] each: k + pos, v + pos
         q = split_heads(q.unsqueeze(-2), self.heads)  # [points, heads, 1, head_dim]
@@ -213,7 +233,7 @@ class PolaViewAttention(PolaAttentionBase):
 
 
 @register_view_attention("softmax")
-class SoftmaxViewAttention(nn.Module):
+class SoftmaxViewAttention(ViewAttention):
     """Multi-head dot-product cross-attention over views, relative-direction embedding on k and v."""
 
     def __init__(self, dim: int, heads: int, dropout: float = 0.0):
@@ -225,18 +245,7 @@ class SoftmaxViewAttention(nn.Module):
         self.pos_fc = relative_direction_mlp(dim)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(
-        self,
-        query: Float[Tensor, "points dim"],
-        view_tokens: Float[Tensor, "points views dim"],
-        rel_dirs: Float[Tensor, "points views 4"],
-        view_mask: Bool[Tensor, "points views"],
-    ) -> Float[Tensor, "points dim"]:
-        kv = keys_values_with_directions(view_tokens, rel_dirs, *self.kv_projection(), self.pos_fc)
-        return self.attend_with_kv(query, kv, view_mask)
-
     def kv_projection(self) -> tuple[Tensor, Tensor | None]:
-        """The weight `[2 dim, dim]` and bias of the keys and values of the view tokens."""
         return self.to_kv.weight, self.to_kv.bias
 
     def attend_with_kv(
@@ -245,7 +254,6 @@ class SoftmaxViewAttention(nn.Module):
         kv: Float[Tensor, "points views 2*dim"],
         view_mask: Bool[Tensor, "points views"],
     ) -> Float[Tensor, "points dim"]:
-        """`forward` from the keys and values `[k + pos, v + pos]` (`keys_values_with_directions`)."""
         q = split_heads(self.to_q(query).unsqueeze(-2), self.heads)  # [points, heads, 1, head_dim]
         k, v = (split_heads(x, self.heads) for x in kv.chunk(2, dim=-1))  # k + pos, v + pos
         dropout = self.dropout if self.training else 0.0
@@ -254,7 +262,7 @@ class SoftmaxViewAttention(nn.Module):
 
 
 @register_view_attention("subtraction")
-class SubtractionViewAttention(nn.Module):
+class SubtractionViewAttention(ViewAttention):
     """GNT's original view attention: per-channel *subtraction* vector attention over views.
 
     `A = softmax_views(attn_fc(k - q + pos))`, `out = out_fc(sum_v (v + pos) * A)`. The original
@@ -279,18 +287,7 @@ class SubtractionViewAttention(nn.Module):
         self.attn_fc = nn.Sequential(nn.Linear(dim, dim // 8), nn.ReLU(), nn.Linear(dim // 8, dim))
         self.out_fc = nn.Linear(dim, dim)
 
-    def forward(
-        self,
-        query: Float[Tensor, "points dim"],
-        view_tokens: Float[Tensor, "points views dim"],
-        rel_dirs: Float[Tensor, "points views 4"],
-        view_mask: Bool[Tensor, "points views"],
-    ) -> Float[Tensor, "points dim"]:
-        kv = keys_values_with_directions(view_tokens, rel_dirs, *self.kv_projection(), self.pos_fc)
-        return self.attend_with_kv(query, kv, view_mask)
-
     def kv_projection(self) -> tuple[Tensor, Tensor | None]:
-        """The weight `[2 dim, dim]` and bias (none) of the keys and values of the view tokens."""
         return torch.cat([self.to_k.weight, self.to_v.weight]), None
 
     def attend_with_kv(
@@ -299,7 +296,6 @@ class SubtractionViewAttention(nn.Module):
         kv: Float[Tensor, "points views 2*dim"],
         view_mask: Bool[Tensor, "points views"],
     ) -> Float[Tensor, "points dim"]:
-        """`forward` from the keys and values `[k + pos, v + pos]` (`keys_values_with_directions`)."""
         q = self.to_q(query).unsqueeze(-2)  # [points, 1, dim]
         k_pos, v_pos = kv.chunk(2, dim=-1)  # k + pos, v + pos: [points, views, dim]
         scores = self.attn_fc(k_pos - q)  # attn_fc(k - q + pos)
@@ -376,8 +372,6 @@ class SoftmaxRayAttention(nn.Module):
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # [rays, heads, 1, samples]
         return torch.softmax(scores, dim=-1).mean(dim=1)[:, 0]
 
-
-ViewAttention = PolaViewAttention | SoftmaxViewAttention | SubtractionViewAttention  # every view kind
 
 # --------------------------------------------------------------------------------------------------
 # Factories

@@ -35,10 +35,15 @@ def default_budget_mb(device: torch.device) -> float:
     return CPU_BUDGET_MB
 
 
+def budget_mb_of(render: RenderSettings, device: torch.device) -> float:
+    """`render.max_memory_mb`, or the device's default (`default_budget_mb`) where it is null."""
+    return render.max_memory_mb if render.max_memory_mb is not None else default_budget_mb(device)
+
+
 def budget_chunk_rays(render: RenderSettings, net: NetSettings, num_source_views: int, device: torch.device) -> int:
     """Rays per pass: `render.chunk_rays`, or fewer so that a pass fits `render.max_memory_mb`
     (at least one ray)."""
-    budget_mb = render.max_memory_mb if render.max_memory_mb is not None else default_budget_mb(device)
+    budget_mb = budget_mb_of(render, device)
     fitting = int(budget_mb * 2**20 // bytes_per_ray(net, render.n_samples, num_source_views))
     return max(1, min(render.chunk_rays, fitting))
 
@@ -52,6 +57,6 @@ def render_workers(
         return 1
     if render.workers is not None:
         return render.workers
-    budget_mb = render.max_memory_mb if render.max_memory_mb is not None else default_budget_mb(device)
+    budget_mb = budget_mb_of(render, device)
     fitting = int(budget_mb * 2**20 // (chunk_rays * bytes_per_ray(net, render.n_samples, num_source_views)))
     return max(1, min(torch.get_num_threads(), fitting))
