@@ -202,17 +202,25 @@ def _bf16_and_rounded(*tensors: torch.Tensor) -> tuple[list[torch.Tensor], list[
     return low, [x.double() for x in low]
 
 
-# (heads, head dim): 32 and 64 channels a point, the compiled all-heads-at-once forms; 24, the per-head form.
+# (heads, head dim): one and two 8-float vectors a head row in the AVX2 forms, and an odd head count.
 HEAD_SHAPES = [(4, 8), (4, 16), (3, 8)]
+
+
+def test_the_bf16_kernels_have_their_avx2_forms_where_the_cpu_has_avx2():
+    """The tests below then check the AVX2 forms (elsewhere the generic loops, which they check too)."""
+    assert cpu_extension.available()
+    has_avx2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    assert cpu_extension.ops().avx2_forms() == has_avx2
 
 
 @pytest.mark.parametrize("heads, d", HEAD_SHAPES)
 @pytest.mark.parametrize("scale", [1.0, 30.0])  # 30: exponents beyond the clamp
-def test_the_bf16_view_kernel_against_the_fp64_reference(scale, heads, d):
+@pytest.mark.parametrize("views", [4, 3, 9])  # the AVX2 form takes views 4 at a time
+def test_the_bf16_view_kernel_against_the_fp64_reference(scale, heads, d, views):
     """bf16 q, k, v in, fp32 temperatures, exponentials in fp32, bf16 out: within bf16's rounding of the
     output (2^-8 relative) of the reference on the same inputs."""
     generator = torch.Generator().manual_seed(3)
-    points, views = 300, 4
+    points = 300
     q = torch.randn(points, heads, d, generator=generator) * scale
     kv = torch.randn(points, views, 2 * heads * d, generator=generator) * scale
     k, v = kv[..., : heads * d].unflatten(-1, (heads, d)), kv[..., heads * d :].unflatten(-1, (heads, d))

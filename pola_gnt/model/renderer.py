@@ -97,15 +97,23 @@ def render_rays(
     else:
         with _single_threaded_workers(workers) as pool:
             pending: deque[tuple[int, Future]] = deque()
-            for start in starts:  # at most `workers` chunks in flight, collected in order
-                check_cancelled()
-                pending.append((start, pool.submit(render_chunk, start)))
-                if len(pending) == workers:
+            # Twice `workers` chunks submitted ahead, collected in order: a worker that finishes its chunk
+            # takes the next at once instead of waiting while an earlier, slower chunk is collected (the
+            # pool runs only `workers` at a time, so memory is still that of `workers` chunks).
+            try:
+                for start in starts:
+                    check_cancelled()
+                    pending.append((start, pool.submit(render_chunk, start)))
+                    if len(pending) == 2 * workers:
+                        first, future = pending.popleft()
+                        collect(first, future.result())
+                while pending:
                     first, future = pending.popleft()
                     collect(first, future.result())
-            while pending:
-                first, future = pending.popleft()
-                collect(first, future.result())
+            except BaseException:  # cancelled (or failed): chunks not started yet are dropped, not rendered
+                for _, future in pending:
+                    future.cancel()
+                raise
     return torch.cat(colours), torch.cat(depths)
 
 

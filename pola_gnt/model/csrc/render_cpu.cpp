@@ -66,6 +66,18 @@ inline void store(c10::BFloat16* out, float x) {
 }
 inline void store(float* out, float x) { *out = x; }
 
+// The value `store` writes into T, as a float.
+template <typename T>
+inline float stored_value(float x) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    uint32_t bits = std::bit_cast<uint32_t>(x);
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    return std::bit_cast<float>(bits & 0xFFFF0000u);
+  } else {
+    return x;
+  }
+}
+
 template <typename F>
 void dispatch_storage(const at::Tensor& t, F&& f) {
   if (t.scalar_type() == at::kBFloat16) {
@@ -224,16 +236,21 @@ void layer_norm_rows_impl(const at::Tensor& x, const T* res, const at::Tensor& w
         const T* add = res + r * C;
         T* sum = summed + r * C;
         for (int64_t c = 0; c < C; ++c) {
-          store(sum + c, to_float(src[c]) + to_float(add[c]));
-          row[c] = to_float(sum[c]);  // the stored sum: what a separate add would hand the norm
+          // the stored sum: what a separate add would hand the norm
+          row[c] = stored_value<T>(to_float(src[c]) + to_float(add[c]));
+          store(sum + c, row[c]);  // exact: row[c] is representable in T
         }
       } else {
         for (int64_t c = 0; c < C; ++c) row[c] = to_float(src[c]);
       }
+      // Reductions in SIMD lanes (`omp simd`: partial sums per lane, then added), as PyTorch's own
+      // vectorised LayerNorm sums; the strict left-to-right order would keep them scalar.
       float mean = 0;
+#pragma omp simd reduction(+ : mean)
       for (int64_t c = 0; c < C; ++c) mean += row[c];
       mean *= inv_c;
       float var = 0;
+#pragma omp simd reduction(+ : var)
       for (int64_t c = 0; c < C; ++c) var += (row[c] - mean) * (row[c] - mean);
       const float rstd = 1.0f / std::sqrt(var * inv_c + static_cast<float>(eps));
       T* dst = out + r * C;
@@ -290,13 +307,7 @@ void subtraction_view_attention_impl(const at::Tensor& q, const at::Tensor& kv, 
   const T* kvp = kv.data_ptr<T>();
   const int64_t q_stride = q.stride(0), kv_point = kv.stride(0), kv_view = kv.stride(1);
   const bool* m = mask.data_ptr<bool>();
-  // W1 by input channel: row c holds the H weights of channel c, so the hidden units accumulate side by
-  // side (each in the order of the channels, as a matmul's row would).
-  std::vector<float> w1_rows(C * H);
-  const float* W1 = w1.data_ptr<float>();
-  for (int64_t j = 0; j < H; ++j)
-    for (int64_t c = 0; c < C; ++c) w1_rows[c * H + j] = W1[j * C + c];
-  const float* W1r = w1_rows.data();
+  const float* W1 = w1.data_ptr<float>();  // [H, C]: each hidden unit's weights a contiguous row
   const float* B1 = b1.data_ptr<float>();
   const float* B2 = b2.data_ptr<float>();
   // W2 by hidden unit: column j of W2 as a contiguous row, so the score loop runs along the channels.
@@ -322,13 +333,13 @@ void subtraction_view_attention_impl(const at::Tensor& q, const at::Tensor& kv, 
       for (int64_t v = 0; v < views; ++v) {
         const T* k = kvp + p * kv_point + v * kv_view;
         for (int64_t c = 0; c < C; ++c) diff[c] = to_float(k[c]) - query[c];
-        for (int64_t j = 0; j < H; ++j) hidden[j] = 0;
-        for (int64_t c = 0; c < C; ++c) {
-          const float* row = W1r + c * H;
-          const float d = diff[c];
-          for (int64_t j = 0; j < H; ++j) hidden[j] += row[j] * d;
+        for (int64_t j = 0; j < H; ++j) {
+          const float* row = W1 + j * C;
+          float h = 0;
+#pragma omp simd reduction(+ : h)
+          for (int64_t c = 0; c < C; ++c) h += row[c] * diff[c];
+          hidden[j] = std::max(h + B1[j], 0.0f);
         }
-        for (int64_t j = 0; j < H; ++j) hidden[j] = std::max(hidden[j] + B1[j], 0.0f);
         float* a = score[v];
         for (int64_t c = 0; c < C; ++c) a[c] = B2[c];
         for (int64_t j = 0; j < H; ++j) {
