@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pola_gnt.attention.modules import SubtractionViewAttention, keys_values_with_directions
+from pola_gnt.attention.modules import SoftmaxRayAttention, SubtractionViewAttention, keys_values_with_directions
 from pola_gnt.model import render_kernels
 from pola_gnt.model.fused_linear import FusedLinear, fuse_linear_layers, fused_linear
 from pola_gnt.model.inference import FastRenderNetwork, ViewKeysValues
@@ -168,6 +168,31 @@ def test_the_subtraction_attention_kernel_equals_the_module(dtype):
         got = render_kernels.view_attention(attention, query.to(dtype), wider.to(dtype), mask)
     assert got.dtype == dtype and torch.isfinite(got).all()
     assert torch.equal(got[:7], attention.out_fc.bias.expand(7, 32))
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2**-6, "atol": 0.05}
+    torch.testing.assert_close(got.double(), exact, **tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads, samples", [(4, 32), (2, 7), (8, 32)])
+def test_the_softmax_ray_attention_kernel_equals_the_module(dtype, heads, samples):
+    """GNT's ray attention: the fused kernel between the projections against the module's forward in
+    fp64, with rays whose mask keeps no sample (zeros, so the output projection's bias) and rays that
+    keep one."""
+    torch.manual_seed(7)
+    attention = SoftmaxRayAttention(32, heads).eval()
+    rays = 40
+    tokens = torch.randn(rays, samples, 32) * 2
+    mask = torch.rand(rays, samples) > 0.3
+    mask[:3] = False
+    mask[3:5] = False
+    mask[3:5, 1] = True
+    with torch.inference_mode():
+        exact = attention.double()(tokens.double(), mask)
+        attention.to(dtype)
+        attention.forward = lambda *args: pytest.fail("the module ran instead of the kernel")
+        got = render_kernels.ray_attention(attention, tokens.to(dtype), mask)
+    assert got.dtype == dtype and torch.isfinite(got).all()
+    assert torch.equal(got[:3], attention.proj.bias.expand(3, samples, 32))
     tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2**-6, "atol": 0.05}
     torch.testing.assert_close(got.double(), exact, **tolerance)
 

@@ -350,7 +350,8 @@ def _ray_block(
 ) -> Float[Tensor, "rays samples width"]:
     """`RayTransformerBlock.forward` (eval)."""
     normed, _ = render_kernels.layer_norm(block.attention_norm, tokens)
-    normed, x = render_kernels.layer_norm(block.ffn_norm, block.attention(normed, seen), tokens)
+    attended = render_kernels.ray_attention(block.attention, normed, seen)
+    normed, x = render_kernels.layer_norm(block.ffn_norm, attended, tokens)
     return _feed_forward(block.ffn, normed, x)
 
 

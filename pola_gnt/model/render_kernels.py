@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
-from pola_gnt.attention.modules import SubtractionViewAttention, ViewAttention
+from pola_gnt.attention.modules import SoftmaxRayAttention, SubtractionViewAttention, ViewAttention
 from pola_gnt.core.cpp_build import build_extension
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "render_cpu.cpp"
@@ -131,3 +131,22 @@ def view_attention(
         )
         return attention.out_fc(attended)
     return attention.attend_with_kv(query, kv, view_mask)
+
+
+def ray_attention(
+    attention: nn.Module, tokens: Float[Tensor, "rays samples width"], sample_mask: Bool[Tensor, "rays samples"]
+) -> Float[Tensor, "rays samples width"]:
+    """`attention(tokens, sample_mask)` (eval), GNT's softmax ray attention through its fused kernel
+    between the projections (`masked_sdpa`'s mask handling, scores and softmax in one pass; a ray whose
+    mask keeps no sample gets zeros before the output projection, as there). The polarity kind has its
+    own fused kernels (`attention/ray`)."""
+    width = tokens.shape[-1]
+    if (
+        isinstance(attention, SoftmaxRayAttention)
+        and _kernels(tokens, width=width)
+        and tokens.dtype in (torch.float32, torch.bfloat16)
+    ):
+        qkv = attention.to_qkv(tokens)
+        attended = getattr(torch.ops, _LIBRARY).softmax_ray_attention(qkv, sample_mask.contiguous(), attention.heads)
+        return attention.proj(attended)
+    return attention(tokens, sample_mask)

@@ -12,6 +12,8 @@
 //                        (then also returning the sum)
 //   subtraction_view_attention   GNT's view attention (a small MLP of k - q per view and channel, softmax
 //                        over the views) from its keys and values, before its output layer
+//   softmax_ray_attention   GNT's ray attention (softmax over a ray's samples, per head) between its
+//                        projections
 //
 // Storage is bf16 or float32; arithmetic is float32. bf16 is written rounded to nearest even.
 
@@ -26,6 +28,10 @@
 #include <tuple>
 #include <type_traits>
 #include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -404,6 +410,185 @@ at::Tensor subtraction_view_attention(const at::Tensor& q, const at::Tensor& kv,
   return out;
 }
 
+// ------------------------------------------------------------------------------------------------
+// softmax_ray_attention(qkv [R, S, 3C] ([q | k | v], heads of d = C / H channels each), mask [R, S] bool,
+//                       heads) -> [R, S, C]
+// GNT's ray attention between its projections (`SoftmaxRayAttention`, eval, `masked_sdpa`): per ray and
+// head, softmax(q k^T / sqrt(d)) over the samples the mask keeps, times v; a ray whose mask keeps no
+// sample gets zeros. Keys and values are held transposed ([d][S], float) so that a query's scores and
+// its output are loops along the samples, which vectorise; the softmax runs in float32.
+
+
+#if defined(__AVX2__) && defined(__FMA__)
+// exp_nonpositive in vector form.
+inline __m256 exp_nonpositive_x8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256i n = _mm256_cvttps_epi32(_mm256_fmsub_ps(x, _mm256_set1_ps(1.44269504f), _mm256_set1_ps(0.5f)));
+  const __m256 nf = _mm256_cvtepi32_ps(n);
+  __m256 r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(1.428606765330187e-06f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 40320.0f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 5040.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23)), p);
+}
+
+// [sum a0, ..., sum a7] of eight 8-float vectors.
+inline __m256 lane_sums_8(const __m256* a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+inline float horizontal_max(__m256 x) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+inline float horizontal_sum(__m256 x) {
+  __m128 m = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_add_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+// One query of `softmax_ray_attention_impl` on 8-sample vectors: kt, vt [d][padded] with padded a multiple
+// of 8 and keep 0 beyond the samples; `out` gets d floats.
+inline void softmax_query_avx2(const float* query, const float* kt, const float* vt, const float* keep, int64_t d,
+                               int64_t padded, float* score, float* out) {
+  const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
+  __m256 top = minus_inf;
+  for (int64_t j = 0; j < padded; j += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t c = 0; c < d; ++c) acc = _mm256_fmadd_ps(_mm256_set1_ps(query[c]), _mm256_load_ps(kt + c * padded + j), acc);
+    const __m256 kept = _mm256_cmp_ps(_mm256_load_ps(keep + j), _mm256_setzero_ps(), _CMP_GT_OQ);
+    acc = _mm256_blendv_ps(minus_inf, acc, kept);
+    _mm256_store_ps(score + j, acc);
+    top = _mm256_max_ps(top, acc);
+  }
+  const __m256 top_all = _mm256_set1_ps(horizontal_max(top));
+  __m256 total = _mm256_setzero_ps();
+  for (int64_t j = 0; j < padded; j += 8) {
+    const __m256 e = _mm256_mul_ps(exp_nonpositive_x8(_mm256_sub_ps(_mm256_load_ps(score + j), top_all)),
+                                   _mm256_load_ps(keep + j));
+    _mm256_store_ps(score + j, e);
+    total = _mm256_add_ps(total, e);
+  }
+  const float inv = 1.0f / horizontal_sum(total);
+  int64_t e = 0;
+  for (; e + 8 <= d; e += 8) {  // 8 output channels at a time: their 8 sums in one transposing reduction
+    __m256 acc[8];
+    for (int u = 0; u < 8; ++u) acc[u] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < padded; j += 8) {
+      const __m256 p = _mm256_load_ps(score + j);
+      for (int u = 0; u < 8; ++u) acc[u] = _mm256_fmadd_ps(p, _mm256_load_ps(vt + (e + u) * padded + j), acc[u]);
+    }
+    _mm256_storeu_ps(out + e, _mm256_mul_ps(lane_sums_8(acc), _mm256_set1_ps(inv)));
+  }
+  for (; e < d; ++e) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < padded; j += 8) acc = _mm256_fmadd_ps(_mm256_load_ps(score + j), _mm256_load_ps(vt + e * padded + j), acc);
+    out[e] = horizontal_sum(acc) * inv;
+  }
+}
+#endif
+
+template <typename T>
+void softmax_ray_attention_impl(const at::Tensor& qkv, const bool* mask, int64_t heads, at::Tensor& out) {
+  const int64_t rays = qkv.size(0), samples = qkv.size(1), C = qkv.size(2) / 3, d = C / heads;
+  const int64_t padded = (samples + 7) / 8 * 8;  // samples rounded up to whole 8-float vectors
+  const T* in = qkv.data_ptr<T>();
+  const int64_t ray_stride = qkv.stride(0), sample_stride = qkv.stride(1);
+  T* o = out.data_ptr<T>();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  at::parallel_for(0, rays, 1, [&](int64_t first, int64_t last) {
+    // [d][padded] each, 32-byte aligned (the vectors load them aligned); zero beyond the samples.
+    std::vector<float> storage(2 * d * padded + 2 * padded + d + d + 16, 0.0f);
+    float* base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(storage.data()) + 31) & ~uintptr_t{31});
+    float* kt = base;
+    float* vt = kt + d * padded;
+    float* score = vt + d * padded;
+    float* keep = score + padded;
+    float* query = keep + padded;
+    float* result = query + d;
+    for (int64_t r = first; r < last; ++r) {
+      const bool* m = mask + r * samples;
+      bool any = false;
+      for (int64_t j = 0; j < samples; ++j) {
+        keep[j] = m[j] ? 1.0f : 0.0f;
+        any = any || m[j];
+      }
+      T* dst = o + r * samples * C;
+      if (!any) {
+        for (int64_t x = 0; x < samples * C; ++x) store(dst + x, 0.0f);
+        continue;
+      }
+      const T* ray = in + r * ray_stride;
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t c0 = h * d;
+        for (int64_t j = 0; j < samples; ++j) {
+          const T* row = ray + j * sample_stride;
+          for (int64_t c = 0; c < d; ++c) {
+            kt[c * padded + j] = to_float(row[C + c0 + c]);
+            vt[c * padded + j] = to_float(row[2 * C + c0 + c]);
+          }
+        }
+        for (int64_t i = 0; i < samples; ++i) {
+          const T* q = ray + i * sample_stride + c0;
+          for (int64_t c = 0; c < d; ++c) query[c] = to_float(q[c]) * scale;
+#if defined(__AVX2__) && defined(__FMA__)
+          softmax_query_avx2(query, kt, vt, keep, d, padded, score, result);
+#else
+          float top = -INFINITY;
+          for (int64_t j = 0; j < samples; ++j) {
+            float sum = 0.0f;
+            for (int64_t c = 0; c < d; ++c) sum += query[c] * kt[c * padded + j];
+            score[j] = sum;
+            if (keep[j] > 0.0f) top = std::max(top, sum);
+          }
+          float total = 0.0f;
+          for (int64_t j = 0; j < samples; ++j) {
+            score[j] = keep[j] > 0.0f ? exp_nonpositive(score[j] - top) : 0.0f;
+            total += score[j];
+          }
+          for (int64_t e = 0; e < d; ++e) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < samples; ++j) acc += score[j] * vt[e * padded + j];
+            result[e] = acc / total;
+          }
+#endif
+          T* out_row = dst + i * C + c0;
+          for (int64_t e = 0; e < d; ++e) store(out_row + e, result[e]);
+        }
+      }
+    }
+  });
+}
+
+at::Tensor softmax_ray_attention(const at::Tensor& qkv, const at::Tensor& mask, int64_t heads) {
+  TORCH_CHECK(qkv.dim() == 3 && qkv.stride(2) == 1 && qkv.size(2) % 3 == 0,
+              "softmax_ray_attention: qkv [R, S, 3C] with contiguous channels");
+  const int64_t C = qkv.size(2) / 3;
+  TORCH_CHECK(heads > 0 && C % heads == 0, "softmax_ray_attention: channels divisible by heads");
+  TORCH_CHECK(mask.sizes() == qkv.sizes().slice(0, 2) && mask.scalar_type() == at::kBool && mask.is_contiguous(),
+              "softmax_ray_attention: mask [R, S] bool contiguous");
+  at::Tensor out = at::empty({qkv.size(0), qkv.size(1), C}, qkv.options());
+  dispatch_storage(qkv, [&](auto tag) {
+    using T = decltype(tag);
+    softmax_ray_attention_impl<T>(qkv, mask.data_ptr<bool>(), heads, out);
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(pola_gnt_render, m) {
@@ -415,6 +600,7 @@ TORCH_LIBRARY(pola_gnt_render, m) {
   m.def(
       "subtraction_view_attention(Tensor q, Tensor kv, Tensor mask, Tensor w1, Tensor b1, Tensor w2, Tensor b2) "
       "-> Tensor");
+  m.def("softmax_ray_attention(Tensor qkv, Tensor mask, int heads) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(pola_gnt_render, CPU, m) {
@@ -422,4 +608,5 @@ TORCH_LIBRARY_IMPL(pola_gnt_render, CPU, m) {
   m.impl("masked_max_views", &masked_max_views);
   m.impl("layer_norm_rows", &layer_norm_rows);
   m.impl("subtraction_view_attention", &subtraction_view_attention);
+  m.impl("softmax_ray_attention", &softmax_ray_attention);
 }
