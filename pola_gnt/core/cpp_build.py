@@ -22,10 +22,18 @@ import torch
 DISABLE_VARIABLE = "POLA_GNT_CPU_KERNELS"
 
 
+# Headers the sources include (`#include "../../core/csrc/..."`). torch's build cache notices a changed
+# source but not a changed header, so their contents go into the build's name.
+HEADERS = (Path(__file__).resolve().parent / "csrc" / "vector_math.h",)
+
+
 def build_name(library: str, source: Path) -> str:
-    """The build's name, so its cache folder: the library's, and a digest of the source's path and the
-    Python environment (see the module docstring)."""
-    return f"{library}_{hashlib.sha1(f'{source}|{sys.prefix}'.encode()).hexdigest()[:10]}"
+    """The build's name, so its cache folder: the library's, and a digest of the source's path, the
+    Python environment and the shared headers' contents (see the module docstring)."""
+    digest = hashlib.sha1(f"{source}|{sys.prefix}".encode())
+    for header in HEADERS:
+        digest.update(header.read_bytes())
+    return f"{library}_{digest.hexdigest()[:10]}"
 
 
 def build_extension(library: str, source: Path, what: str) -> bool:

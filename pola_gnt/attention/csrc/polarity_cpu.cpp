@@ -46,9 +46,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
+#include "../../core/csrc/vector_math.h"
 
 namespace {
 
@@ -57,33 +55,14 @@ constexpr double kEpsilon = 1e-6;        // features.EPSILON
 constexpr int64_t kPointsPerBlock = 128;
 constexpr int64_t kRaysPerBlock = 8;
 
-// expm1(min(z, B)) for z >= 0. Float: z = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite split of ln2),
-// expm1(r) by its Taylor polynomial to r^8 (truncation below 2e-10 relative), and
-// expm1(z) = 2^n expm1(r) + (2^n - 1): exact for n = 0 (small z keeps all its digits), and for n >= 1
-// the two terms do not cancel (expm1(r) > -0.3). 2^n is built from its exponent bits.
-inline float expm1_clamped(float z) {
-  z = std::min(z, static_cast<float>(kExponentClamp));
-  const int32_t n = static_cast<int32_t>(z * 1.44269504f + 0.5f);  // round(z / ln2), z >= 0
-  const float nf = static_cast<float>(n);
-  const float r = (z - nf * 0.693145751953125f) - nf * 1.428606765330187e-06f;
-  float p = 1.0f / 40320.0f;
-  p = p * r + 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r;
-  const float scale = std::bit_cast<float>((n + 127) << 23);
-  return scale * p + (scale - 1.0f);
-}
+
+inline float expm1_clamped(float z) { return pola_gnt_math::expm1_clamped(z, static_cast<float>(kExponentClamp)); }
 
 inline double expm1_clamped(double z) { return std::expm1(std::min(z, kExponentClamp)); }
 
 // bf16 storage (`render.precision: bf16`) is read into float rows before any arithmetic: the compute
 // loops are then the float kernels' own, which the compiler vectorises (converting inside them did not).
-inline float to_compute(c10::BFloat16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.x) << 16); }
+inline float to_compute(c10::BFloat16 x) { return pola_gnt_math::bf16_to_float(x); }
 inline float to_compute(float x) { return x; }
 inline double to_compute(double x) { return x; }
 
@@ -354,48 +333,14 @@ void view_forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 // order of float additions differs. The float and double kernels stay the generic ones, so that
 // `render.precision: fp32` and training keep their outputs bit for bit.
 
-inline __m256 load_bf16x8(const c10::BFloat16* p) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
 
-// Rounded to nearest even, as c10::BFloat16(float) rounds finite values.
-inline void store_bf16x8(c10::BFloat16* p, __m256 x) {
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(rounded, rounded), 0x08);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
-}
+using pola_gnt_math::abs_x8;
+using pola_gnt_math::lane_sums_8;
+using pola_gnt_math::load_bf16x8;
+using pola_gnt_math::store_bf16x8;
 
-// expm1(min(z, B)) for z >= 0, lane by lane: `expm1_clamped(float)` in vector form.
 inline __m256 expm1_clamped_x8(__m256 z) {
-  z = _mm256_min_ps(z, _mm256_set1_ps(static_cast<float>(kExponentClamp)));
-  const __m256i n = _mm256_cvttps_epi32(_mm256_fmadd_ps(z, _mm256_set1_ps(1.44269504f), _mm256_set1_ps(0.5f)));
-  const __m256 nf = _mm256_cvtepi32_ps(n);
-  __m256 r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(0.693145751953125f), z);
-  r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(1.428606765330187e-06f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 40320.0f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 5040.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_mul_ps(p, r);
-  const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
-  return _mm256_fmadd_ps(scale, p, _mm256_sub_ps(scale, _mm256_set1_ps(1.0f)));
-}
-
-inline __m256 abs_x8(__m256 x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x); }
-
-// [sum a0, ..., sum a7] of eight 8-float vectors.
-inline __m256 lane_sums_8(const __m256* a) {
-  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+  return pola_gnt_math::expm1_clamped_x8(z, static_cast<float>(kExponentClamp));
 }
 
 template <int D>

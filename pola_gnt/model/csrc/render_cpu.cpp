@@ -29,9 +29,7 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
+#include "../../core/csrc/vector_math.h"
 
 namespace {
 
@@ -39,29 +37,10 @@ constexpr int64_t kMaxWidth = 512;
 constexpr int64_t kGrain = 256;
 constexpr int64_t kMaxSubtractionViews = 64;
 
-// exp(max(x, -87)) for x <= 0 (softmax terms after subtracting the maximum), in a form the compiler
-// vectorises (std::exp stays a scalar call): x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite split of ln2),
-// e^r by its Taylor polynomial to r^8 (within 1e-7 relative of exp), 2^n from its exponent bits. Below
-// -87 (where float's normal range ends) it gives exp(-87) = 1.6e-38 instead of less: against the
-// maximum's term, 1, nothing a softmax can tell apart.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const int32_t n = static_cast<int32_t>(x * 1.44269504f - 0.5f);  // round(x / ln2), x <= 0
-  const float nf = static_cast<float>(n);
-  const float r = (x - nf * 0.693145751953125f) - nf * 1.428606765330187e-06f;
-  float p = 1.0f / 40320.0f;
-  p = p * r + 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  return std::bit_cast<float>((n + 127) << 23) * p;
-}
 
-inline float to_float(c10::BFloat16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.x) << 16); }
+using pola_gnt_math::exp_nonpositive;
+
+inline float to_float(c10::BFloat16 x) { return pola_gnt_math::bf16_to_float(x); }
 inline float to_float(float x) { return x; }
 
 // Round to nearest even (the values are finite: no NaN case), as c10's conversion does for finite values.
@@ -420,46 +399,10 @@ at::Tensor subtraction_view_attention(const at::Tensor& q, const at::Tensor& kv,
 
 
 #if defined(__AVX2__) && defined(__FMA__)
-// exp_nonpositive in vector form.
-inline __m256 exp_nonpositive_x8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256i n = _mm256_cvttps_epi32(_mm256_fmsub_ps(x, _mm256_set1_ps(1.44269504f), _mm256_set1_ps(0.5f)));
-  const __m256 nf = _mm256_cvtepi32_ps(n);
-  __m256 r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(0.693145751953125f), x);
-  r = _mm256_fnmadd_ps(nf, _mm256_set1_ps(1.428606765330187e-06f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 40320.0f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 5040.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23)), p);
-}
-
-// [sum a0, ..., sum a7] of eight 8-float vectors.
-inline __m256 lane_sums_8(const __m256* a) {
-  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
-inline float horizontal_max(__m256 x) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-  return _mm_cvtss_f32(m);
-}
-
-inline float horizontal_sum(__m256 x) {
-  __m128 m = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_add_ss(m, _mm_shuffle_ps(m, m, 1));
-  return _mm_cvtss_f32(m);
-}
+using pola_gnt_math::exp_nonpositive_x8;
+using pola_gnt_math::horizontal_max;
+using pola_gnt_math::horizontal_sum;
+using pola_gnt_math::lane_sums_8;
 
 // One query of `softmax_ray_attention_impl` on 8-sample vectors: kt, vt [d][padded] with padded a multiple
 // of 8 and keep 0 beyond the samples; `out` gets d floats.
