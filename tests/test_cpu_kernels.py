@@ -43,6 +43,20 @@ def test_the_kernels_can_be_switched_off():
     assert result.stdout.strip() == "False"
 
 
+def test_an_edited_shared_header_gives_a_new_build(tmp_path, monkeypatch):
+    """torch's build cache does not see headers, so the build's name carries their contents: an edit of
+    `core/csrc/vector_math.h` must not reuse an extension built from the old one."""
+    from pola_gnt.core import cpp_build
+
+    header = tmp_path / "vector_math.h"
+    header.write_text("// one version\n")
+    monkeypatch.setattr(cpp_build, "HEADERS", (header,))
+    first = cpp_build.build_name("lib", cpu_extension.SOURCE)
+    assert cpp_build.build_name("lib", cpu_extension.SOURCE) == first
+    header.write_text("// another version\n")
+    assert cpp_build.build_name("lib", cpu_extension.SOURCE) != first
+
+
 def _reference_grads(fn, inputs, grad):
     leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
     out = fn(*leaves)
