@@ -33,7 +33,7 @@ from pola_gnt.model.render_memory import budget_chunk_rays, render_workers
 from pola_gnt.model.renderer import RenderedImage, RenderNetwork, render_image
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.config.stored import TrainedRunConfig
-from pola_gnt.runs.settings import VideoSettings
+from pola_gnt.runs.settings import RunSettings, VideoSettings
 
 RGB_VIDEO = "video_rgb.mp4"
 DEPTH_VIDEO = "video_depth.mp4"
@@ -260,6 +260,11 @@ def render_record(trained: TrainedCheckpoint, path_document: dict, chunk_rays: i
     }
 
 
+def _workers(config: RunSettings, chunk_rays: int, fabric: Fabric) -> int:
+    """Chunks rendered at once (`render_memory.render_workers`) for this run's settings."""
+    return render_workers(config.render, config.model.net, config.data.num_source_views, chunk_rays, fabric.device)
+
+
 def write_path_videos(
     trained: TrainedCheckpoint, scene: Scene, path: CameraPath, out_dir: Path, fabric: Fabric, crf: int, chunk_rays: int
 ) -> tuple[Path, Path]:
@@ -277,7 +282,7 @@ def write_path_videos(
     print(f"frames      {frames.folder} (stopped? the same command with hydra.run.dir={out_dir} resumes)", flush=True)
     # Depth colours span the scene's near/far bounds (normalised), near bright.
     depth_range = float(scene.bounds.min()), float(scene.bounds.max())
-    workers = render_workers(config.render, config.model.net, config.data.num_source_views, chunk_rays, fabric.device)
+    workers = _workers(config, chunk_rays, fabric)
     rendered = render_frames(
         net, scene, path, config.data.num_source_views, trained.system.sampler, chunk_rays, fabric, todo, workers
     )
@@ -315,8 +320,7 @@ def render_video(run: TrainedRunConfig, run_dir: Path) -> tuple[Path, Path]:
         f"{f' (video.scale={settings.scale:g})' if settings.scale != 1 else ''}, {path.fps:g} fps, "
         f"{config.data.num_source_views} source views, {config.render.n_samples} samples per ray, "
         f"{chunk_rays} rays per pass, "
-        f"{render_workers(config.render, config.model.net, config.data.num_source_views, chunk_rays, fabric.device)}"
-        " at once",
+        f"{_workers(config, chunk_rays, fabric)} at once",
         flush=True,
     )
     paths = write_path_videos(trained, scene, path, run_dir, fabric, settings.crf, chunk_rays)
