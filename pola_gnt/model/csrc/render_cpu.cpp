@@ -15,7 +15,10 @@
 //   softmax_ray_attention   GNT's ray attention (softmax over a ray's samples, per head) between its
 //                        projections
 //
-// Storage is bf16 or float32; arithmetic is float32. bf16 is written rounded to nearest even.
+// Storage is bf16 or float32; arithmetic is float32. bf16 is written rounded to nearest even. Sums along
+// a row are SIMD reductions (`omp simd`: partial sums per lane, as PyTorch's vectorised kernels sum), and
+// softmax_ray_attention runs in AVX2 vectors where the build has them (the float math is
+// `core/csrc/vector_math.h`).
 
 #include <torch/extension.h>
 
@@ -36,7 +39,6 @@ namespace {
 constexpr int64_t kMaxWidth = 512;
 constexpr int64_t kGrain = 256;
 constexpr int64_t kMaxSubtractionViews = 64;
-
 
 using pola_gnt_math::exp_nonpositive;
 
