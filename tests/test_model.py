@@ -459,6 +459,80 @@ def test_consistency_prior_moves_the_read_out_to_the_samples_the_views_agree_abo
     assert (blended.rgb - expected).abs().mean() < 0.05 and (blended.rgb - expected).abs().max() < 0.15
 
 
+def _blend_inputs(generator: torch.Generator):
+    """Random inputs of `SourceViewBlend` for 3 rays x 5 samples x 4 views, some views and one whole
+    sample unseen, colours zero where unseen (as gathered)."""
+    visible = torch.rand(3, 5, 4, generator=generator) > 0.3
+    visible[0, 0] = False
+    visible[0, 1] = True
+    rgb = torch.rand(3, 5, 4, 3, generator=generator) * visible[..., None]
+    return (
+        torch.randn(3, 5, 4, 8, generator=generator),
+        torch.randn(3, 5, 4, 4, generator=generator),
+        torch.randn(3, 5, 8, generator=generator),
+        rgb,
+        visible,
+    )
+
+
+def test_the_view_blend_starts_as_the_plain_mean_of_the_visible_views():
+    """Zero-initialised scores: the blended colour is `source_colour_statistics`'s mean, 0 where no
+    view sees the sample; so a pretraining with the blend starts where one without it does."""
+    from pola_gnt.model.gnt import GatheredSamples, SourceViewBlend, source_colour_statistics
+
+    generator = torch.Generator().manual_seed(0)
+    view_tokens, rel_dirs, point_tokens, rgb, visible = _blend_inputs(generator)
+    blended = SourceViewBlend(8)(view_tokens, rel_dirs, point_tokens, rgb, visible)
+    mean, _ = source_colour_statistics(GatheredSamples(values=rgb, visible=visible, rel_dirs=rel_dirs))
+    torch.testing.assert_close(blended, mean, rtol=1e-6, atol=1e-6)
+    assert torch.equal(blended[0, 0], torch.zeros(3))
+
+
+def test_the_view_blend_takes_the_colour_of_the_view_its_scores_prefer():
+    """A score that grows with the relative direction's last number (GNT's cosine between the target
+    and source rays) puts the colour on the view whose ray is nearest the target's; unseen views never
+    count, whatever their score."""
+    from pola_gnt.model.gnt import SourceViewBlend
+
+    generator = torch.Generator().manual_seed(1)
+    view_tokens, rel_dirs, point_tokens, rgb, visible = _blend_inputs(generator)
+    visible[0, 0] = True
+    blend = SourceViewBlend(8)
+    with torch.no_grad():
+        for layer in (blend.view, blend.point):
+            layer.weight.zero_()
+        blend.view.bias.zero_()
+        blend.direction.weight.zero_()
+        blend.direction.weight[0, 3] = 1.0  # hidden unit 0 = relu(cosine)
+        blend.score.weight[0, 0] = 1000.0
+    rel_dirs[..., 3] = torch.rand(3, 5, 4, generator=generator)
+    rgb = torch.rand(3, 5, 4, 3, generator=generator) * visible[..., None]
+    with torch.no_grad():
+        blended = blend(view_tokens, rel_dirs, point_tokens, rgb, visible)
+    nearest = rel_dirs[..., 3].masked_fill(~visible, -1.0).argmax(dim=-1)  # [rays, samples]
+    expected = rgb.gather(2, nearest[..., None, None].expand(3, 5, 1, 3))[:, :, 0]
+    seen = visible.any(dim=-1)
+    torch.testing.assert_close(blended[seen], expected[seen], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_the_view_blend_trains_and_needs_the_source_colour(kind):
+    """Gradients reach the blend's layers through the read-out's colour; without the source colour it
+    is one error line."""
+    settings = replace(tiny_model(kind).settings, readout_source_colour=True, readout_view_blend=True)
+    settings.check("model.net")
+    torch.manual_seed(0)
+    model = GNT(settings)
+    assert model.view_blend is not None
+    sources = make_sources(square_rig(z=0.0, half_side=0.3))
+    rays = target_rays([(16.0, 12.0), (10.0, 8.0)])
+    out = model(rays, torch.linspace(1.0, 6.0, 8).expand(2, 8), sources)
+    out.rgb.sum().backward()
+    assert model.view_blend.score.weight.grad is not None and model.view_blend.score.weight.grad.abs().sum() > 0
+    with pytest.raises(UserError, match="readout_view_blend"):
+        replace(settings, readout_source_colour=False).check("model.net")
+
+
 def test_depth_sampler_jitters_within_the_bins_from_a_seed_and_is_fixed_without_one():
     """The model's sampler (the data module only yields rays): a training batch's seed gives the same
     jittered depths wherever it is drawn, each inside its inverse-depth bin; no seed gives the bin edges."""

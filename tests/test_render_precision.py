@@ -97,7 +97,8 @@ def _net(kind: str, seed: int = 0, **overrides) -> GNT:
     torch.manual_seed(seed)
     net = GNT(replace(settings, **overrides)).eval()
     with torch.no_grad():
-        for parameter in net.readout.parameters():
+        perturbed = [*net.readout.parameters(), *(net.view_blend.parameters() if net.view_blend else [])]
+        for parameter in perturbed:
             parameter.add_(torch.randn_like(parameter) * 0.2)
     return net
 
@@ -116,13 +117,20 @@ def _rig(net: GNT, height: int = 40, width: int = 48, views: int = 4):
     return sources, rays, sample_depths(1.0, 12.0, len(rays), 24, jitter=False)
 
 
+READOUTS = {
+    "quick": {},
+    "gnt": {"readout_consistency_prior": 0.0, "readout_source_colour": False},
+    "view_blend": {"readout_view_blend": True},
+}
+
+
 @pytest.mark.parametrize("kind", ["pola_gnt", "gnt"])
-@pytest.mark.parametrize("readout", [True, False])
+@pytest.mark.parametrize("readout", list(READOUTS))
 def test_the_moved_computations_equal_the_network_in_fp32(kind, readout):
     """Projected feature maps, the colour term per sample, the direction code per ray and the split
-    fusion layer: each the same function as the GNT's forward, to 1e-5 (rounding only)."""
-    extra = {} if readout else {"readout_consistency_prior": 0.0, "readout_source_colour": False}
-    net = _net(kind, **extra)
+    fusion layer: each the same function as the GNT's forward, to 1e-5 (rounding only); with each
+    read-out (the quick preset's, GNT's, the source colour blended over the views)."""
+    net = _net(kind, **READOUTS[readout])
     sources, rays, depths = _rig(net)
     with torch.inference_mode():
         expected = net(rays, depths, sources)
@@ -156,13 +164,14 @@ def kernel_forms(request, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["pola_gnt", "gnt"])
-def test_bf16_rendering_is_close_to_the_network_and_finite(kind, kernel_forms):
+@pytest.mark.parametrize("view_blend", [False, True])
+def test_bf16_rendering_is_close_to_the_network_and_finite(kind, kernel_forms, view_blend):
     """bf16 weights and activations; fp32 feature maps, norms, softmax and read-out; fp32 outputs.
     Against the network's fp32 forward (itself within 1e-6 of exact arithmetic, see the fp64 tests of
     every op): colours within 0.03 at 99% of the rays, 0.1 at the worst and 0.005 on average (bf16 keeps
     8 bits, 0.4% per rounding, and these random weights are rougher than trained ones: on fern the
     trained models' bf16 and fp32 PSNR agree to 0.01 dB), depths within 1% of the depth range on average."""
-    net = _net(kind)
+    net = _net(kind, readout_view_blend=view_blend)
     sources, rays, depths = _rig(net)
     with torch.inference_mode():
         expected = net(rays, depths, sources)

@@ -14,7 +14,8 @@ Data flow for a chunk of rays (all shapes per chunk; the caller picks the chunk 
       ray block: self-attention over seen samples      [rays, samples, width]
     read-out: attention pooling over seen samples      rgb [rays, 3], depth [rays]
       (scores minus `readout_consistency_prior` x the colour spread over the views, if set;
-      with `readout_source_colour`, rgb = pooled mean source colour + the learned colour)
+      with `readout_source_colour`, rgb = pooled mean source colour + the learned colour;
+      with `readout_view_blend`, that mean weighted by learned per-view scores, `SourceViewBlend`)
 
 `view_attention="subtraction", ray_attention="softmax"` is GNT; `"pola", "pola"` is Pola-GNT.
 
@@ -243,6 +244,46 @@ def source_colour_statistics(
     return mean, torch.where(count[..., 0] >= 2, spread, torch.full_like(spread, 0.5))
 
 
+class SourceViewBlend(nn.Module):
+    """Learned weights over the source views for the source-colour read-out (IBRNet's blending).
+
+    The plain mean of the source views' colours blurs (ghosts) wherever the sample's depth or the
+    views' agreement is off: a view far from the target ray or one that sees an occluder counts as
+    much as the nearest. Each (sample, view) gets a score from the view's token (its colour and
+    features there), its relative direction to the target ray (GNT's 4 numbers: how far apart the
+    two rays are) and the sample's token after the blocks (what the ray's context says), and the
+    colour is the softmax-weighted sum over the visible views. The score layer starts at zero, so
+    training starts from the plain mean (`source_colour_statistics`'s, to rounding); both models alike.
+    The hidden layer is the sum of three products (no `[.., views, 2 width + 4]` concatenation)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.view = nn.Linear(width, width)
+        self.direction = nn.Linear(4, width, bias=False)
+        self.point_norm = nn.LayerNorm(width)
+        self.point = nn.Linear(width, width, bias=False)
+        self.score = nn.Linear(width, 1)
+        nn.init.zeros_(self.score.weight)
+        nn.init.zeros_(self.score.bias)
+
+    def forward(
+        self,
+        view_tokens: Float[Tensor, "rays samples views width"],
+        rel_dirs: Float[Tensor, "rays samples views 4"],
+        point_tokens: Float[Tensor, "rays samples width"],
+        rgb: Float[Tensor, "rays samples views 3"],
+        visible: Bool[Tensor, "rays samples views"],
+    ) -> Float[Tensor, "rays samples 3"]:
+        """The blended source colour of each sample (0 where no view sees it); `rgb` zero where not
+        visible. The scores' softmax and the sum run in fp32."""
+        point = self.point(self.point_norm(point_tokens.float()).to(view_tokens.dtype))
+        hidden = self.view(view_tokens) + self.direction(rel_dirs.to(view_tokens.dtype)) + point[:, :, None, :]
+        scores = self.score(torch.relu(hidden))[..., 0].float()  # [rays, samples, views]
+        weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+        weights = torch.where(visible.any(dim=-1, keepdim=True), weights, torch.zeros_like(weights))
+        return (weights[..., None] * rgb.float()).sum(dim=2)
+
+
 class PooledReadout(nn.Module):
     """Colour and expected depth from attention pooling over the seen samples of each ray.
 
@@ -343,6 +384,7 @@ class GNT(nn.Module):
                 assert isinstance(block, GNTBlock) and isinstance(block.view_block.attention, SubtractionViewAttention)
                 block.view_block.attention.zero_unseen_points = False
         self.readout = PooledReadout(width, settings.readout_consistency_prior, settings.readout_source_colour)
+        self.view_blend = SourceViewBlend(width) if settings.readout_view_blend else None
 
     def encoder_input(self, images: Float[Tensor, "views 3 height width"]) -> Float[Tensor, "views 3 h w"]:
         """The source images as the encoder sees them: at `encoder_input_scale` of their size."""
@@ -402,6 +444,15 @@ class GNT(nn.Module):
         for block in self.blocks:
             tokens = block(tokens, view_tokens, rel_dirs, view_mask, position_code, seen)
         source_colours = source_colour_statistics(gathered) if self.readout.needs_source_colours else None
+        if self.view_blend is not None and source_colours is not None:
+            blended = self.view_blend(
+                view_tokens.unflatten(0, (n_rays, n_samples)),
+                gathered.rel_dirs,
+                tokens,
+                gathered.values[..., :3],
+                gathered.visible,
+            )
+            source_colours = (blended, source_colours[1])
         return self.readout(tokens, seen, depths, source_colours)
 
     def _gnt_blocks_and_readout(

@@ -174,6 +174,7 @@ class FastRenderNetwork:
         self.second = _converted(second, dtype)
         self.blocks = nn.ModuleList(_converted(block, dtype) for block in net.blocks)
         self.view_keys_values = ViewKeysValues(net, dtype)
+        self.view_blend = None if net.view_blend is None else _converted(net.view_blend, dtype)
         # Position fusion's first layer split by input: token | code(point) | code(direction).
         self.fusion_parts: list[tuple[Tensor, Tensor, Tensor, Tensor] | None] = []
         width, half_code = net.settings.width, 3 * (1 + 2 * net.n_freqs)
@@ -294,6 +295,15 @@ class FastRenderNetwork:
         source_colours = None
         if readout.needs_source_colours:
             source_colours = _source_colour_statistics(rgb.transpose(1, 2), visible, n_rays, n_samples)
+        if self.view_blend is not None and source_colours is not None:
+            blended = self.view_blend(
+                view_tokens.unflatten(0, (n_rays, n_samples)),
+                rel_dirs,
+                tokens,
+                rgb.permute(2, 0, 1).unflatten(0, (n_rays, n_samples)),  # [rays, samples, views, 3]
+                view_mask.unflatten(0, (n_rays, n_samples)),
+            )
+            source_colours = (blended, source_colours[1])
         return readout(tokens.float(), seen, depths.float(), source_colours)
 
 

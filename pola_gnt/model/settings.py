@@ -72,6 +72,7 @@ class NetSettings:
     encoder_input_scale: float  # the encoder sees the sources at this fraction of their size
     readout_consistency_prior: float
     readout_source_colour: bool
+    readout_view_blend: bool  # the source colour weighted over the views by learned scores (SourceViewBlend)
     compat: str  # one of COMPAT_MODES
     encoder: EncoderSettings
 
@@ -95,6 +96,11 @@ class NetSettings:
         check_number(self.encoder_input_scale, f"{key}.encoder_input_scale", 0, 1)
         check_number(self.readout_consistency_prior, f"{key}.readout_consistency_prior", 0, None, low_open=False)
         check_choice(self.compat, f"{key}.compat", COMPAT_MODES)
+        if self.readout_view_blend and not self.readout_source_colour:
+            raise UserError(
+                f"{key}.readout_view_blend: weighs the source colour of the read-out, which is off "
+                f"(set {key}.readout_source_colour=true, or {key}.readout_view_blend=false)"
+            )
         if self.gnt_compatible:
             self._check_gnt_compat(key)
 
@@ -110,6 +116,7 @@ class NetSettings:
             "ray_attention": (self.ray_attention, "softmax"),
             "readout_consistency_prior": (self.readout_consistency_prior, 0.0),
             "readout_source_colour": (self.readout_source_colour, False),
+            "readout_view_blend": (self.readout_view_blend, False),
         }
         for name, (value, gnt_value) in gnt_values.items():
             if value != gnt_value:
