@@ -13,7 +13,8 @@ Data flow for a chunk of rays (all shapes per chunk; the caller picks the chunk 
       even blocks: fuse sin/cos codes of point + dir   [rays, samples, width + 126] -> width
       ray block: self-attention over seen samples      [rays, samples, width]
     read-out: attention pooling over seen samples      rgb [rays, 3], depth [rays]
-      (scores minus `readout_consistency_prior` x the colour spread over the views, if set;
+      (scores minus `readout_consistency_prior` x the colour spread over the views, if set,
+      measured on `readout_consistency_levels` levels of a blur pyramid of the source images;
       with `readout_source_colour`, rgb = pooled mean source colour + the learned colour;
       with `readout_view_blend`, that mean weighted by learned per-view scores, `SourceViewBlend`)
 
@@ -42,7 +43,7 @@ the converted weights.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -66,11 +67,38 @@ class SourceViews:
     features: Float[Tensor, "views channels h w"]  # encoder output (any resolution: sampled in normalised coordinates)
     c2w: Float[Tensor, "views 4 4"]  # OpenCV camera-to-world
     intrinsics: Float[Tensor, "views 3 3"]  # for the images' (height, width)
+    # colour_pyramid's results by level count: a render reads the same views chunk after chunk.
+    _pyramids: dict[int, Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def centers(self) -> Float[Tensor, "views 3"]:
         """Camera centres `[views, 3]`."""
         return self.c2w[:, :3, 3]
+
+    def coarse_colours(self, levels: int) -> Float[Tensor, "views channels height width"]:
+        """`colour_pyramid(images, levels)` of these views, computed once."""
+        if levels not in self._pyramids:
+            self._pyramids[levels] = colour_pyramid(self.images, levels)
+        return self._pyramids[levels]
+
+
+def colour_pyramid(
+    images: Float[Tensor, "views 3 height width"], levels: int
+) -> Float[Tensor, "views channels height width"]:
+    """The blurred colours of `images` for the multi-scale photo-consistency: levels 1 .. levels - 1
+    of a box pyramid (each 2 x 2 averages of the one before, the last cell of an odd side averaging
+    what it covers) upsampled bilinearly back to the images' size, stacked as `3 (levels - 1)`
+    channels (level 0, the images themselves, is not repeated). A pixel of level k is the mean colour
+    of about a 2^k-pixel square around it: comparing those across views compares patches, which a
+    single pixel's colour cannot (noise, aliasing, a sample a pixel off its surface)."""
+    height, width = images.shape[-2:]
+    level, out = images.float(), []
+    for _ in range(levels - 1):
+        level = F.avg_pool2d(level, 2, ceil_mode=True)
+        out.append(F.interpolate(level, size=(height, width), mode="bilinear", align_corners=False))
+    if not out:
+        return images.new_zeros((images.shape[0], 0, height, width), dtype=torch.float32)
+    return torch.cat(out, dim=1)
 
 
 @dataclass
@@ -86,6 +114,9 @@ class GatheredSamples:
     values: Float[Tensor, "rays samples views channels"]  # rgb then feature (3 + C), zero where not visible
     visible: Bool[Tensor, "rays samples views"]  # in front of the source camera and inside its image
     rel_dirs: Float[Tensor, "rays samples views 4"]  # GNT's relative direction
+    # the blurred colours `SourceViews.coarse_colours` (3 per level above 0), zero where not visible;
+    # None when not asked for
+    coarse_rgb: Float[Tensor, "rays samples views coarse"] | None = None
 
 
 def _bilinear_read(
@@ -108,6 +139,7 @@ def gather_source_samples(
     target_centers: Float[Tensor, "rays 3"],
     sources: SourceViews,
     gnt_compatible: bool = False,
+    colour_levels: int = 1,
 ) -> GatheredSamples:
     """Project `points` `[rays, samples, 3]` into every source view and read colour and features.
 
@@ -116,7 +148,8 @@ def gather_source_samples(
     pixel `(u, v)` of the image reads exactly that pixel). Runs in fp32 even under autocast: bf16
     pixel coordinates would be off by pixels. `gnt_compatible`: GNT's edge test (between the outer
     pixel centres), zero padding, values kept where a view does not see the point in front of it, and
-    GNT's relative-direction epsilons (see the module docstring).
+    GNT's relative-direction epsilons (see the module docstring). `colour_levels` > 1 also reads the
+    blurred colours of `SourceViews.coarse_colours` (`GatheredSamples.coarse_rgb`).
     """
     n_rays, n_samples, _ = points.shape
     height, width = sources.images.shape[-2:]
@@ -144,10 +177,14 @@ def gather_source_samples(
         # an image are what zero padding reads.
         in_front = (projection.depth > 0).permute(1, 2, 0) if gnt_compatible else visible
         values = values * in_front[..., None]
+        coarse_rgb = None
+        if colour_levels > 1:
+            coarse = _bilinear_read(sources.coarse_colours(colour_levels), grid, padding_mode)
+            coarse_rgb = coarse.unflatten(1, (n_rays, n_samples)).permute(1, 2, 0, 3) * in_front[..., None]
         rel_dirs = relative_directions(
             points, target_centers[:, None, :].float(), sources.centers.float(), gnt_epsilons=gnt_compatible
         )
-    return GatheredSamples(values=values, visible=visible, rel_dirs=rel_dirs)
+    return GatheredSamples(values=values, visible=visible, rel_dirs=rel_dirs, coarse_rgb=coarse_rgb)
 
 
 def sinusoidal_encoding(x: Float[Tensor, "*batch dim"], n_freqs: int) -> Float[Tensor, "*batch code"]:
@@ -232,15 +269,32 @@ def source_colour_statistics(
     (0 where no view sees the sample), and how much the views disagree about it, the standard
     deviation over the visible views averaged over the channels (the photo-consistency of multi-view
     stereo: near 0 where the sample lies on a surface that the views see alike, large in empty space
-    in front of or behind textured surfaces). Samples seen by fewer than two views have no spread to
-    measure and get the largest value any sample has, 1 / 2 (colours are in [0, 1])."""
-    visible = gathered.visible.to(gathered.values.dtype)[..., None]  # [rays, samples, views, 1]
-    count = visible.sum(dim=2)  # [rays, samples, 1]
+    in front of or behind textured surfaces). With `gathered.coarse_rgb` the spread is the mean of
+    the spreads at every level of the blur pyramid (`colour_pyramid`), level 0 the pixels' own.
+    Samples seen by fewer than two views have no spread to measure and get the largest value any
+    sample has, 1 / 2 (colours are in [0, 1])."""
     rgb = gathered.values[..., :3]  # zero where not visible
+    mean, spread = colour_spread(rgb, gathered.visible, dim=2)
+    if gathered.coarse_rgb is not None:
+        coarse = gathered.coarse_rgb
+        for level in range(coarse.shape[-1] // 3):
+            spread = spread + colour_spread(coarse[..., 3 * level : 3 * level + 3], gathered.visible, dim=2)[1]
+        spread = spread / (1 + coarse.shape[-1] // 3)
+    return mean, spread
+
+
+def colour_spread(
+    rgb: Float[Tensor, "*batch 3"], visible: Bool[Tensor, "*batch_views"], dim: int
+) -> tuple[Float[Tensor, "*points 3"], Float[Tensor, "*points"]]:
+    """The mean colour over the visible views (axis `dim` of `rgb`, whose values are zero where not
+    visible) and the channel-mean standard deviation over them (`source_colour_statistics`; 1 / 2
+    where fewer than two views see the point)."""
+    weights = visible.to(rgb.dtype)[..., None]
+    count = weights.sum(dim=dim)
     views = count.clamp(min=1.0)
-    mean = rgb.sum(dim=2) / views
-    variance = ((rgb - mean[:, :, None, :]).square() * visible).sum(dim=2) / views
-    spread = variance.clamp(min=0.0).sqrt().mean(dim=-1)  # [rays, samples]
+    mean = rgb.sum(dim=dim) / views
+    variance = ((rgb - mean.unsqueeze(dim)).square() * weights).sum(dim=dim) / views
+    spread = variance.clamp(min=0.0).sqrt().mean(dim=-1)
     return mean, torch.where(count[..., 0] >= 2, spread, torch.full_like(spread, 0.5))
 
 
@@ -421,7 +475,9 @@ class GNT(nn.Module):
         """Render `rays` (a chunk) at sample `depths` `[rays, samples]` from `sources`."""
         n_rays, n_samples = depths.shape
         points = points_along_rays(rays, depths)  # [rays, samples, 3]
-        gathered = gather_source_samples(points, rays.origins, sources, self.gnt_compatible)
+        gathered = gather_source_samples(
+            points, rays.origins, sources, self.gnt_compatible, self.settings.readout_consistency_levels
+        )
         seen = gathered.visible.any(dim=-1)  # [rays, samples]
 
         # Keys/values of every view block, computed once: one token per (point, view),

@@ -51,7 +51,7 @@ from pola_gnt.geometry.projection import pixels_to_grid, project_points, relativ
 from pola_gnt.geometry.rays import Rays, points_along_rays
 from pola_gnt.model import render_kernels
 from pola_gnt.model.fused_linear import FusedLinear, fuse_linear_layers, fused_linear
-from pola_gnt.model.gnt import GNT, GNTBlock, RayOutput, SourceViews, sinusoidal_encoding
+from pola_gnt.model.gnt import GNT, GNTBlock, RayOutput, SourceViews, colour_spread, sinusoidal_encoding
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -264,6 +264,7 @@ class FastRenderNetwork:
         visible = projection.visible.flatten(1)  # [views, points]
         # The colours, channels first as grid_sample reads them: [views, 3, points], zero where unseen.
         rgb = _bilinear_channels(views.images.float(), grid, "border").mul_(visible[:, None, :].float())
+        levels = net.settings.readout_consistency_levels
         # First layer: relu(visible * (W_f f) + W_rgb rgb + b), in the token layout [points, views, width].
         tokens_in = render_kernels.view_token_inputs(
             prepared.projected, grid, visible, rgb, self.rgb_weight, self.first_bias, dtype
@@ -294,7 +295,11 @@ class FastRenderNetwork:
         readout = net.readout
         source_colours = None
         if readout.needs_source_colours:
-            source_colours = _source_colour_statistics(rgb.transpose(1, 2), visible, n_rays, n_samples)
+            coarse = None
+            if levels > 1:
+                coarse = _bilinear_channels(views.coarse_colours(levels), grid, "border")
+                coarse = coarse.mul_(visible[:, None, :].float()).transpose(1, 2)  # [views, points, 3 (levels - 1)]
+            source_colours = _source_colour_statistics(rgb.transpose(1, 2), coarse, visible, n_rays, n_samples)
         if self.view_blend is not None and source_colours is not None:
             blended = self.view_blend(
                 view_tokens.unflatten(0, (n_rays, n_samples)),
@@ -308,16 +313,19 @@ class FastRenderNetwork:
 
 
 def _source_colour_statistics(
-    rgb: Float[Tensor, "views points 3"], visible: Tensor, n_rays: int, n_samples: int
+    rgb: Float[Tensor, "views points 3"],
+    coarse: Float[Tensor, "views points coarse"] | None,
+    visible: Tensor,
+    n_rays: int,
+    n_samples: int,
 ) -> tuple[Float[Tensor, "rays samples 3"], Float[Tensor, "rays samples"]]:
-    """`gnt.source_colour_statistics` from the view-major reads (rgb zeroed where not visible)."""
-    weights = visible.to(rgb.dtype)[..., None]  # [views, points, 1]
-    count = weights.sum(dim=0)  # [points, 1]
-    views = count.clamp(min=1.0)
-    mean = rgb.sum(dim=0) / views
-    variance = ((rgb - mean).square() * weights).sum(dim=0) / views
-    spread = variance.clamp(min=0.0).sqrt().mean(dim=-1)
-    spread = torch.where(count[..., 0] >= 2, spread, torch.full_like(spread, 0.5))
+    """`gnt.source_colour_statistics` from the view-major reads (rgb and the blurred levels `coarse`
+    zeroed where not visible)."""
+    mean, spread = colour_spread(rgb, visible, dim=0)
+    if coarse is not None:
+        for level in range(coarse.shape[-1] // 3):
+            spread = spread + colour_spread(coarse[..., 3 * level : 3 * level + 3], visible, dim=0)[1]
+        spread = spread / (1 + coarse.shape[-1] // 3)
     return mean.unflatten(0, (n_rays, n_samples)), spread.unflatten(0, (n_rays, n_samples))
 
 

@@ -71,6 +71,8 @@ class NetSettings:
     dropout: float  # GNT's dropout rate in the transformer blocks while training (model.transformer)
     encoder_input_scale: float  # the encoder sees the sources at this fraction of their size
     readout_consistency_prior: float
+    # the prior's colour spread measured on this many levels of a blur pyramid (1: the pixels' alone)
+    readout_consistency_levels: int
     readout_source_colour: bool
     readout_view_blend: bool  # the source colour weighted over the views by learned scores (SourceViewBlend)
     compat: str  # one of COMPAT_MODES
@@ -95,6 +97,13 @@ class NetSettings:
         check_number(self.dropout, f"{key}.dropout", 0, 1, low_open=False, high_open=True)
         check_number(self.encoder_input_scale, f"{key}.encoder_input_scale", 0, 1)
         check_number(self.readout_consistency_prior, f"{key}.readout_consistency_prior", 0, None, low_open=False)
+        check_int(self.readout_consistency_levels, f"{key}.readout_consistency_levels", 1, 6)
+        if self.readout_consistency_levels > 1 and not self.readout_consistency_prior:
+            raise UserError(
+                f"{key}.readout_consistency_levels: {self.readout_consistency_levels} levels of the colour spread "
+                f"of the consistency prior, which is off (set {key}.readout_consistency_prior, or "
+                f"{key}.readout_consistency_levels=1)"
+            )
         check_choice(self.compat, f"{key}.compat", COMPAT_MODES)
         if self.readout_view_blend and not self.readout_source_colour:
             raise UserError(
@@ -115,6 +124,7 @@ class NetSettings:
             "view_attention": (self.view_attention, "subtraction"),
             "ray_attention": (self.ray_attention, "softmax"),
             "readout_consistency_prior": (self.readout_consistency_prior, 0.0),
+            "readout_consistency_levels": (self.readout_consistency_levels, 1),
             "readout_source_colour": (self.readout_source_colour, False),
             "readout_view_blend": (self.readout_view_blend, False),
         }
