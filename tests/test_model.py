@@ -624,3 +624,30 @@ def test_depth_sampler_jitters_within_the_bins_from_a_seed_and_is_fixed_without_
     assert not torch.equal(jittered, sampler(rays, (2.0, 6.0), seed=8))
     assert bool((jittered >= 2.0 - 1e-6).all() and (jittered <= 6.0 + 1e-6).all())
     assert bool((jittered.diff(dim=-1) > 0).all())  # still ordered near to far
+
+
+@pytest.mark.parametrize("levels", [1, 3])
+def test_the_prior_sweep_renders_what_an_untrained_network_renders(levels):
+    """`scripts/sweep_consistency_prior.py` skips the transformer: an untrained network's read-out
+    ignores it (its score and colour layers start at zero), so the script's colour and depth for each
+    (levels, weight) equal the network's own with those settings, for both models."""
+    from helpers import load_script
+
+    sweep = load_script("sweep_consistency_prior")
+    sources = make_sources(square_rig(z=0.0, half_side=0.3))
+    rays = target_rays([(16.0, 12.0), (10.0, 8.0), (1.0, 1.0), (30.0, 20.0)])
+    depths = torch.linspace(1.0, 6.0, 12).expand(4, 12)
+    with torch.no_grad():
+        renders = sweep.prior_renders(rays, depths, sources, [levels], [40.0, 160.0])
+        for kind in MODEL_KINDS:
+            for weight in (40.0, 160.0):
+                settings = replace(
+                    tiny_model(kind).settings,
+                    readout_consistency_prior=weight,
+                    readout_consistency_levels=levels,
+                    readout_source_colour=True,
+                )
+                expected = GNT(settings).eval()(rays, depths, sources)
+                rgb, depth = renders[levels, weight]
+                torch.testing.assert_close(rgb, expected.rgb, rtol=1e-5, atol=1e-6)
+                torch.testing.assert_close(depth, expected.depth, rtol=1e-5, atol=1e-5)
