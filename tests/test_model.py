@@ -16,7 +16,7 @@ from helpers import net_settings
 
 from pola_gnt.core.errors import UserError
 from pola_gnt.geometry.projection import project_points
-from pola_gnt.geometry.rays import Rays, pixel_rays
+from pola_gnt.geometry.rays import Rays, pixel_rays, points_along_rays
 from pola_gnt.model import GNT, ImageEncoder, SourceViews
 from pola_gnt.model.gnt import gather_source_samples, masked_max, sinusoidal_encoding, source_colour_statistics
 from pola_gnt.model.sampler import DepthSampler
@@ -591,6 +591,32 @@ def test_the_view_blend_trains_and_needs_the_source_colour(kind):
     out.rgb.sum().backward()
     assert model.view_blend.score.weight.grad is not None and model.view_blend.score.weight.grad.abs().sum() > 0
     with pytest.raises(UserError, match="readout_view_blend"):
+        replace(settings, readout_source_colour=False).check("model.net")
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_without_the_colour_residual_the_colour_is_the_pooled_source_colour(kind):
+    """`readout_colour_residual=false`: no learned colour layer; each ray's colour is the source views'
+    mean colour pooled with the read-out's weights (a blend of real pixels, inside their range),
+    whatever the trained scores; gradients still reach the scores. Without the source colour it is
+    one error line (there would be no colour)."""
+    settings = replace(tiny_model(kind).settings, readout_source_colour=True, readout_colour_residual=False)
+    settings.check("model.net")
+    torch.manual_seed(0)
+    model = GNT(settings)
+    assert model.readout.to_rgb is None
+    with torch.no_grad():
+        model.readout.score.weight.normal_()  # trained scores: not the prior's alone
+    sources = make_sources(square_rig(z=0.0, half_side=0.3))
+    rays = target_rays([(16.0, 12.0), (10.0, 8.0), (3.0, 20.0)])
+    depths = torch.linspace(1.0, 6.0, 10).expand(3, 10)
+    out = model(rays, depths, sources)
+    mean, _ = source_colour_statistics(gather_source_samples(points_along_rays(rays, depths), rays.origins, sources))
+    torch.testing.assert_close(out.rgb, (out.weights[..., None] * mean).sum(dim=1))
+    assert out.rgb.min() >= 0.0 and out.rgb.max() <= 1.0
+    out.rgb.sum().backward()
+    assert model.readout.score.weight.grad is not None and model.readout.score.weight.grad.abs().sum() > 0
+    with pytest.raises(UserError, match="readout_colour_residual: false leaves no colour"):
         replace(settings, readout_source_colour=False).check("model.net")
 
 

@@ -122,6 +122,7 @@ READOUTS = {
     "gnt": {"readout_consistency_prior": 0.0, "readout_source_colour": False},
     "view_blend": {"readout_view_blend": True},
     "consistency_levels": {"readout_consistency_prior": 160.0, "readout_consistency_levels": 4},
+    "source_colour_only": {"readout_colour_residual": False},
 }
 
 
@@ -131,7 +132,7 @@ def test_the_moved_computations_equal_the_network_in_fp32(kind, readout):
     """Projected feature maps, the colour term per sample, the direction code per ray and the split
     fusion layer: each the same function as the GNT's forward, to 1e-5 (rounding only); with each
     read-out (the quick preset's, GNT's, the source colour blended over the views, the prior's spread
-    over 4 blur levels)."""
+    over 4 blur levels, the source colour without the learned residual)."""
     net = _net(kind, **READOUTS[readout])
     sources, rays, depths = _rig(net)
     with torch.inference_mode():
@@ -166,7 +167,7 @@ def kernel_forms(request, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["pola_gnt", "gnt"])
-@pytest.mark.parametrize("readout", ["quick", "view_blend", "consistency_levels"])
+@pytest.mark.parametrize("readout", ["quick", "view_blend", "consistency_levels", "source_colour_only"])
 def test_bf16_rendering_is_close_to_the_network_and_finite(kind, kernel_forms, readout):
     """bf16 weights and activations; fp32 feature maps, norms, softmax and read-out; fp32 outputs.
     Against the network's fp32 forward (itself within 1e-6 of exact arithmetic, see the fp64 tests of

@@ -354,17 +354,22 @@ class PooledReadout(nn.Module):
     and learns the corrections (occlusions, view-dependent colour), instead of first having to carry
     every colour through the transformer (GNT: the learned colour alone)."""
 
-    def __init__(self, width: int, consistency_prior: float = 0.0, source_colour: bool = False):
+    def __init__(
+        self, width: int, consistency_prior: float = 0.0, source_colour: bool = False, colour_residual: bool = True
+    ):
         super().__init__()
+        if not (colour_residual or source_colour):
+            raise ValueError("PooledReadout: without the source colour the learned colour is the only colour")
         self.norm = nn.LayerNorm(width)
         self.score = nn.Linear(width, 1)
-        self.to_rgb = nn.Linear(width, 3)
+        # Without the residual the colour is the pooled source colour alone: no layer that nothing trains.
+        self.to_rgb = nn.Linear(width, 3) if colour_residual else None
         self.consistency_prior = consistency_prior
         self.source_colour = source_colour
         # Zero scores = uniform weights (without the prior): training starts from GNT's mean over samples.
         nn.init.zeros_(self.score.weight)
         nn.init.zeros_(self.score.bias)
-        if source_colour:
+        if source_colour and self.to_rgb is not None:
             nn.init.zeros_(self.to_rgb.weight)
             nn.init.zeros_(self.to_rgb.bias)
 
@@ -391,8 +396,10 @@ class PooledReadout(nn.Module):
         # Rays that no source view sees anywhere get uniform weights over all samples (finite output).
         usable = seen | ~seen.any(dim=-1, keepdim=True)
         weights = torch.softmax(scores.masked_fill(~usable, float("-inf")), dim=-1)
-        pooled = (weights[..., None] * tokens.float()).sum(dim=1)  # [rays, width]
-        rgb = self.to_rgb(pooled).float()
+        rgb = torch.zeros(weights.shape[0], 3, device=weights.device)
+        if self.to_rgb is not None:
+            pooled = (weights[..., None] * tokens.float()).sum(dim=1)  # [rays, width]
+            rgb = self.to_rgb(pooled).float()
         if self.source_colour and source_colours is not None:
             rgb = rgb + (weights[..., None] * source_colours[0].float()).sum(dim=1)
         depth = (weights * depths.float()).sum(dim=-1)
@@ -437,7 +444,12 @@ class GNT(nn.Module):
             for block in self.blocks:
                 assert isinstance(block, GNTBlock) and isinstance(block.view_block.attention, SubtractionViewAttention)
                 block.view_block.attention.zero_unseen_points = False
-        self.readout = PooledReadout(width, settings.readout_consistency_prior, settings.readout_source_colour)
+        self.readout = PooledReadout(
+            width,
+            settings.readout_consistency_prior,
+            settings.readout_source_colour,
+            settings.readout_colour_residual,
+        )
         self.view_blend = SourceViewBlend(width) if settings.readout_view_blend else None
 
     def encoder_input(self, images: Float[Tensor, "views 3 height width"]) -> Float[Tensor, "views 3 h w"]:
@@ -531,6 +543,7 @@ class GNT(nn.Module):
             if block is self.blocks[-1]:
                 weights = block.ray_block.first_sample_weights(tokens).float()
             tokens = block.ray_block(tokens, None)
+        assert self.readout.to_rgb is not None  # compat=gnt: GNT's learned colour (NetSettings.check)
         rgb = self.readout.to_rgb(self.readout.norm(tokens).mean(dim=1)).float()
         depth = (weights * depths.float()).sum(dim=-1)
         return RayOutput(rgb=rgb, depth=depth, weights=weights, seen=seen)

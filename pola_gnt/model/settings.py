@@ -74,6 +74,8 @@ class NetSettings:
     # the prior's colour spread measured on this many levels of a blur pyramid (1: the pixels' alone)
     readout_consistency_levels: int
     readout_source_colour: bool
+    # with the source colour: add the learned colour of the pooled token to it (false: the source colour alone)
+    readout_colour_residual: bool
     readout_view_blend: bool  # the source colour weighted over the views by learned scores (SourceViewBlend)
     compat: str  # one of COMPAT_MODES
     encoder: EncoderSettings
@@ -105,6 +107,11 @@ class NetSettings:
                 f"{key}.readout_consistency_levels=1)"
             )
         check_choice(self.compat, f"{key}.compat", COMPAT_MODES)
+        if not self.readout_colour_residual and not self.readout_source_colour:
+            raise UserError(
+                f"{key}.readout_colour_residual: false leaves no colour without the source colour "
+                f"(set {key}.readout_source_colour=true, or {key}.readout_colour_residual=true)"
+            )
         if self.readout_view_blend and not self.readout_source_colour:
             raise UserError(
                 f"{key}.readout_view_blend: weighs the source colour of the read-out, which is off "
@@ -126,6 +133,7 @@ class NetSettings:
             "readout_consistency_prior": (self.readout_consistency_prior, 0.0),
             "readout_consistency_levels": (self.readout_consistency_levels, 1),
             "readout_source_colour": (self.readout_source_colour, False),
+            "readout_colour_residual": (self.readout_colour_residual, True),
             "readout_view_blend": (self.readout_view_blend, False),
         }
         for name, (value, gnt_value) in gnt_values.items():
