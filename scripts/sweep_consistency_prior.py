@@ -13,7 +13,8 @@ for every (levels, weight) through the model's own gather, statistics and read-o
 transformer, which an untrained read-out ignores), so a prior is chosen by measurement.
 
 Key=value arguments are config overrides (scene, factor, source views, samples; experiment=quick's by
-default); rows are printed as they finish, then the table; `--out` also writes them as JSON.
+default); each finished test view is said on stderr, then the table is printed; `--out` also writes
+its rows as JSON.
 """
 
 from __future__ import annotations

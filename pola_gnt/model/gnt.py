@@ -274,12 +274,24 @@ def source_colour_statistics(
     Samples seen by fewer than two views have no spread to measure and get the largest value any
     sample has, 1 / 2 (colours are in [0, 1])."""
     rgb = gathered.values[..., :3]  # zero where not visible
-    mean, spread = colour_spread(rgb, gathered.visible, dim=2)
-    if gathered.coarse_rgb is not None:
-        coarse = gathered.coarse_rgb
-        for level in range(coarse.shape[-1] // 3):
-            spread = spread + colour_spread(coarse[..., 3 * level : 3 * level + 3], gathered.visible, dim=2)[1]
-        spread = spread / (1 + coarse.shape[-1] // 3)
+    return pyramid_colour_statistics(rgb, gathered.coarse_rgb, gathered.visible, dim=2)
+
+
+def pyramid_colour_statistics(
+    rgb: Float[Tensor, "*batch 3"],
+    coarse: Float[Tensor, "*batch coarse"] | None,
+    visible: Bool[Tensor, "*batch_views"],
+    dim: int,
+) -> tuple[Float[Tensor, "*points 3"], Float[Tensor, "*points"]]:
+    """`colour_spread` of the pixels' colours `rgb`, its spread averaged with the spreads of the blurred
+    levels `coarse` (3 channels per level, `colour_pyramid`'s; None: the pixels' alone); views along
+    `dim`, values zero where not visible. The network's layout and the fast renderer's share it."""
+    mean, spread = colour_spread(rgb, visible, dim=dim)
+    if coarse is not None:
+        levels = coarse.shape[-1] // 3
+        for level in range(levels):
+            spread = spread + colour_spread(coarse[..., 3 * level : 3 * level + 3], visible, dim=dim)[1]
+        spread = spread / (1 + levels)
     return mean, spread
 
 

@@ -51,7 +51,7 @@ from pola_gnt.geometry.projection import pixels_to_grid, project_points, relativ
 from pola_gnt.geometry.rays import Rays, points_along_rays
 from pola_gnt.model import render_kernels
 from pola_gnt.model.fused_linear import FusedLinear, fuse_linear_layers, fused_linear
-from pola_gnt.model.gnt import GNT, GNTBlock, RayOutput, SourceViews, colour_spread, sinusoidal_encoding
+from pola_gnt.model.gnt import GNT, GNTBlock, RayOutput, SourceViews, pyramid_colour_statistics, sinusoidal_encoding
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -264,7 +264,6 @@ class FastRenderNetwork:
         visible = projection.visible.flatten(1)  # [views, points]
         # The colours, channels first as grid_sample reads them: [views, 3, points], zero where unseen.
         rgb = _bilinear_channels(views.images.float(), grid, "border").mul_(visible[:, None, :].float())
-        levels = net.settings.readout_consistency_levels
         # First layer: relu(visible * (W_f f) + W_rgb rgb + b), in the token layout [points, views, width].
         tokens_in = render_kernels.view_token_inputs(
             prepared.projected, grid, visible, rgb, self.rgb_weight, self.first_bias, dtype
@@ -295,7 +294,7 @@ class FastRenderNetwork:
         readout = net.readout
         source_colours = None
         if readout.needs_source_colours:
-            coarse = None
+            coarse, levels = None, net.settings.readout_consistency_levels
             if levels > 1:
                 coarse = _bilinear_channels(views.coarse_colours(levels), grid, "border")
                 coarse = coarse.mul_(visible[:, None, :].float()).transpose(1, 2)  # [views, points, 3 (levels - 1)]
@@ -321,11 +320,7 @@ def _source_colour_statistics(
 ) -> tuple[Float[Tensor, "rays samples 3"], Float[Tensor, "rays samples"]]:
     """`gnt.source_colour_statistics` from the view-major reads (rgb and the blurred levels `coarse`
     zeroed where not visible)."""
-    mean, spread = colour_spread(rgb, visible, dim=0)
-    if coarse is not None:
-        for level in range(coarse.shape[-1] // 3):
-            spread = spread + colour_spread(coarse[..., 3 * level : 3 * level + 3], visible, dim=0)[1]
-        spread = spread / (1 + coarse.shape[-1] // 3)
+    mean, spread = pyramid_colour_statistics(rgb, coarse, visible, dim=0)
     return mean.unflatten(0, (n_rays, n_samples)), spread.unflatten(0, (n_rays, n_samples))
 
 
