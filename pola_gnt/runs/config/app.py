@@ -244,6 +244,10 @@ def compose_config(*overrides: str, config_name: str = CONFIG_NAME) -> DictConfi
             return compose(config_name=config_name, overrides=list(overrides))
         except Exception as error:
             user_error = composition_error(error, settings_class(config_name))
+            if user_error is None and isinstance(error, CompactHydraException):
+                # A config group option that does not exist or an override Hydra cannot parse: outside
+                # an entry point nobody prints Hydra's report, so its first line is the user's error.
+                user_error = UserError(str(error).splitlines()[0])
             if user_error is None:
                 raise
             raise user_error from None
