@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from pola_gnt.core.errors import exit_on_user_error
 from pola_gnt.data.datamodule import eval_source_ids
 from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays, points_along_rays
@@ -107,6 +108,7 @@ def measure(overrides: list[str], stride: int = 1) -> dict:
     }
 
 
+@exit_on_user_error
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. scene=fern")
