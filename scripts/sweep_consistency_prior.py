@@ -2,15 +2,17 @@
 its settings: a scene's test views scored as `eval` scores them.
 
     python scripts/sweep_consistency_prior.py scene=fern [data.num_source_views=8] \
-        [--levels 1 2 3 4] [--weights 40 80 160 240] [--out FILE.json]
+        [--levels 1 2 3 4] [--weights 40 80 160 240] [--features 0 0.2 0.4 --feature-layer 2] [--out FILE.json]
 
 With `model.net.readout_source_colour` an untrained network's colour is the source views' mean colour
 pooled over the samples by `softmax(-weight x spread)` (`gnt.PooledReadout`: its learned score and colour
 layers start at zero), the spread measured on `levels` levels of the blur pyramid
-(`model.net.readout_consistency_levels`, `gnt.colour_pyramid`): a plane-sweep stereo render. That is
-where a pretraining starts, and the floor that what the network learns must beat: this script renders it
-for every (levels, weight) through the model's own gather, statistics and read-out (without the
-transformer, which an untrained read-out ignores), so a prior is chosen by measurement.
+(`model.net.readout_consistency_levels`, `gnt.colour_pyramid`), plus `features` times the spread of
+AlexNet's unit-length features of conv `--feature-layer` (`model.net.readout_consistency_features`,
+`backbone.ConsistencyFeatures`; weights found as the LPIPS weights are): a plane-sweep stereo render.
+That is where a pretraining starts, and the floor that what the network learns must beat: this script
+renders it for every (levels, weight, features) through the model's own gather, statistics and read-out
+(without the transformer, which an untrained read-out ignores), so a prior is chosen by measurement.
 
 Key=value arguments are config overrides (scene, factor, source views, samples; experiment=quick's by
 default); each finished test view is said on stderr, then the table is printed; `--out` also writes
@@ -23,6 +25,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -32,6 +35,7 @@ from pola_gnt.data.datamodule import eval_source_ids
 from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.evaluation.scoring import build_image_metrics
 from pola_gnt.geometry.rays import Rays, pixel_grid, pixel_rays, points_along_rays
+from pola_gnt.model.backbone import ConsistencyFeatures
 from pola_gnt.model.gnt import (
     GatheredSamples,
     PooledReadout,
@@ -43,7 +47,7 @@ from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.config.app import compose_config
 from pola_gnt.runs.config.read import read_run_settings
 
-CHUNK_RAYS = 4096
+CHUNK_RAYS = 1024
 
 
 def prior_renders(
@@ -52,12 +56,17 @@ def prior_renders(
     sources: SourceViews,
     levels: list[int],
     weights: list[float],
-) -> dict[tuple[int, float], tuple[torch.Tensor, torch.Tensor]]:
-    """`(levels, weight) -> (rgb [rays, 3], depth [rays])` of an untrained network with the source-colour
-    read-out: one gather (at the most levels asked), the statistics of each level count from its
-    first levels, the read-out of each weight."""
+    features: Sequence[float] = (0.0,),
+    extractor: ConsistencyFeatures | None = None,
+) -> dict[tuple[int, float, float], tuple[torch.Tensor, torch.Tensor]]:
+    """`(levels, weight, features) -> (rgb [rays, 3], depth [rays])` of an untrained network with the
+    source-colour read-out: one gather (at the most levels asked; the features of `extractor`, needed
+    when a `features` weight is not 0), the statistics of each level count from its first levels, the
+    read-out of each weight."""
     points = points_along_rays(rays, depths)
-    gathered = gather_source_samples(points, rays.origins, sources, colour_levels=max(levels))
+    gathered = gather_source_samples(
+        points, rays.origins, sources, colour_levels=max(levels), consistency=extractor if any(features) else None
+    )
     tokens = torch.zeros(*depths.shape, 1)  # the read-out's learned parts start at zero: tokens do not count
     seen = gathered.visible.any(dim=-1)
     out = {}
@@ -65,37 +74,56 @@ def prior_renders(
         coarse = gathered.coarse_rgb
         if coarse is not None:
             coarse = coarse[..., : 3 * (level_count - 1)] if level_count > 1 else None
-        statistics = source_colour_statistics(
-            GatheredSamples(gathered.values[..., :3], gathered.visible, gathered.rel_dirs, coarse)
-        )
-        for weight in weights:
-            result = PooledReadout(1, weight, source_colour=True)(tokens, seen, depths, statistics)
-            out[level_count, weight] = (result.rgb, result.depth)
+        for feature_weight in features:
+            statistics = source_colour_statistics(
+                GatheredSamples(
+                    gathered.values[..., :3], gathered.visible, gathered.rel_dirs, coarse, gathered.consistency
+                ),
+                feature_weight,
+            )
+            for weight in weights:
+                result = PooledReadout(1, weight, source_colour=True)(tokens, seen, depths, statistics)
+                out[level_count, weight, feature_weight] = (result.rgb, result.depth)
     return out
 
 
-def sweep(overrides: list[str], levels: list[int], weights: list[float]) -> list[dict]:
+def sweep(
+    overrides: list[str],
+    levels: list[int],
+    weights: list[float],
+    features: Sequence[float] = (0.0,),
+    feature_layer: int = 2,
+) -> list[dict]:
     if min(levels) < 1 or max(levels) > 6:
         raise UserError(f"--levels: from 1 to 6, got {levels}")
     if min(weights) <= 0:
         raise UserError(f"--weights: positive, got {weights}")
+    if min(features) < 0:
+        raise UserError(f"--features: 0 or positive, got {features}")
+    if not 1 <= feature_layer <= 5:
+        raise UserError(f"--feature-layer: from 1 to 5, got {feature_layer}")
     settings = read_run_settings(compose_config("experiment=quick", *overrides))
+    extractor = None
+    if any(features):
+        extractor = ConsistencyFeatures(
+            feature_layer, settings.model.net.encoder.backbone_weights, settings.metrics.lpips_weights
+        )
     scene = load_scene(settings.scene, settings.data)
     metrics = build_image_metrics(settings.metrics)
     sampler = DepthSampler(settings.render.n_samples)
     height, width = scene.resolution
     images = scene.images.permute(0, 3, 1, 2)  # [views, 3, H, W]
-    scores: dict[tuple[int, float], list[dict]] = {}
+    scores: dict[tuple[int, float, float], list[dict]] = {}
     for view in scene.test_ids:
         ids = eval_source_ids(scene, view, settings.data.num_source_views)
-        features = torch.zeros(len(ids), 1, height, width)  # not read by the statistics
-        sources = SourceViews(images[ids], features, scene.cameras.c2w[ids], scene.cameras.intrinsics[ids])
+        unused = torch.zeros(len(ids), 1, height, width)  # encoder features: the statistics do not read them
+        sources = SourceViews(images[ids], unused, scene.cameras.c2w[ids], scene.cameras.intrinsics[ids])
         rays = pixel_rays(scene.cameras.c2w[view], scene.cameras.intrinsics[view], pixel_grid(height, width))
-        chunks: dict[tuple[int, float], list[torch.Tensor]] = {}
+        chunks: dict[tuple[int, float, float], list[torch.Tensor]] = {}
         for start in range(0, len(rays), CHUNK_RAYS):
             chunk = rays[start : start + CHUNK_RAYS]
             for key, (rgb, _) in prior_renders(
-                chunk, sampler(chunk, scene.depth_range), sources, levels, weights
+                chunk, sampler(chunk, scene.depth_range), sources, levels, weights, features, extractor
             ).items():
                 chunks.setdefault(key, []).append(rgb)
         gt = scene.images[view]
@@ -104,8 +132,8 @@ def sweep(overrides: list[str], levels: list[int], weights: list[float]) -> list
             scores.setdefault(key, []).append(metrics(image, gt))
         print(f"view {scene.image_names[view]} done", file=sys.stderr, flush=True)
     rows = []
-    for (level_count, weight), per_view in scores.items():
-        row = {"levels": level_count, "weight": weight}
+    for (level_count, weight, feature_weight), per_view in scores.items():
+        row = {"levels": level_count, "weight": weight, "features": feature_weight}
         for name in per_view[0]:
             values = [v[name] for v in per_view if v[name] is not None]
             row[name] = sum(values) / len(values) if values else None
@@ -114,11 +142,11 @@ def sweep(overrides: list[str], levels: list[int], weights: list[float]) -> list
 
 
 def format_rows(rows: list[dict]) -> str:
-    names = [name for name in rows[0] if name not in ("levels", "weight")]
-    lines = ["levels  weight  " + "  ".join(f"{name:>7s}" for name in names)]
+    names = [name for name in rows[0] if name not in ("levels", "weight", "features")]
+    lines = ["levels  weight  features  " + "  ".join(f"{name:>7s}" for name in names)]
     for row in rows:
         values = "  ".join("      -" if row[n] is None else f"{row[n]:7.3f}" for n in names)
-        lines.append(f"{row['levels']:6d}  {row['weight']:6.0f}  {values}")
+        lines.append(f"{row['levels']:6d}  {row['weight']:6.0f}  {row['features']:8.2f}  {values}")
     return "\n".join(lines)
 
 
@@ -128,11 +156,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. scene=fern data.num_source_views=8")
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--weights", type=float, nargs="+", default=[40.0, 80.0, 160.0, 240.0])
+    parser.add_argument("--features", type=float, nargs="+", default=[0.0], help="feature spread weights")
+    parser.add_argument("--feature-layer", type=int, default=2, help="AlexNet conv of the features (1 to 5)")
     parser.add_argument("--out", type=Path, help="also write the rows as JSON")
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
     started = time.perf_counter()
-    rows = sweep(args.overrides, args.levels, args.weights)
+    rows = sweep(args.overrides, args.levels, args.weights, args.features, args.feature_layer)
     print(format_rows(rows))
     print(f"{time.perf_counter() - started:.1f} s", file=sys.stderr)
     if args.out:

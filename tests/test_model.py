@@ -8,6 +8,7 @@ depth < 1.5 are behind every source camera).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -424,25 +425,39 @@ def test_the_colour_pyramid_averages_squares_of_pixels():
     assert colour_pyramid(constant, 1).shape == (1, 0, 5, 7)
 
 
-def test_spread_over_blur_levels_finds_a_noisy_surface_that_pixels_miss():
-    """A textured plane at z = 3 seen by four cameras whose images carry strong pixel noise (sigma 0.25):
-    the depth where the views disagree least is on the plane for far more rays when the spread is
-    measured on 4 levels of the blur pyramid (patches) than on the pixels alone, and it errs by half as
-    much; with noise-free images both find the plane (the levels add no bias)."""
-    height, width, plane_z = 48, 64, 3.0
+def textured_plane_views(
+    height: int, width: int, plane_z: float, texture: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Four cameras of `square_rig(0, 0.3)` (focal 0.8 width) looking at a plane at depth `plane_z`
+    whose colour at world (x, y) in view v is `texture(x, y, v)` `[3, H, W]`: (intrinsics, c2w, images)."""
     focal = 0.8 * width
     camera = torch.tensor([[focal, 0.0, width / 2], [0.0, focal, height / 2], [0.0, 0.0, 1.0]])
     c2w = square_rig(z=0.0, half_side=0.3)
     rows, cols = torch.meshgrid(
         torch.arange(height, dtype=torch.float32), torch.arange(width, dtype=torch.float32), indexing="ij"
     )
-    clean = torch.zeros(4, 3, height, width)
+    images = torch.zeros(4, 3, height, width)
     for view in range(4):
         x = (cols - camera[0, 2]) / focal * plane_z + c2w[view, 0, 3]
         y = (rows - camera[1, 2]) / focal * plane_z + c2w[view, 1, 3]
-        clean[view] = torch.stack(
+        images[view] = texture(x, y, view)
+    return camera, c2w, images
+
+
+def test_spread_over_blur_levels_finds_a_noisy_surface_that_pixels_miss():
+    """A textured plane at z = 3 seen by four cameras whose images carry strong pixel noise (sigma 0.25):
+    the depth where the views disagree least is on the plane for far more rays when the spread is
+    measured on 4 levels of the blur pyramid (patches) than on the pixels alone, and it errs by half as
+    much; with noise-free images both find the plane (the levels add no bias)."""
+    height, width, plane_z = 48, 64, 3.0
+    camera, c2w, clean = textured_plane_views(
+        height,
+        width,
+        plane_z,
+        lambda x, y, _: torch.stack(
             [0.5 + 0.5 * torch.sin(4 * x), 0.5 + 0.5 * torch.cos(3 * y), 0.5 + 0.5 * torch.sin(2 * (x + y))]
-        )
+        ),
+    )
     noisy = clean + 0.25 * torch.randn(clean.shape, generator=torch.Generator().manual_seed(0))
     pixels = torch.stack(torch.meshgrid(torch.arange(12.0, 52.0), torch.arange(10.0, 38.0), indexing="xy"), -1)
     rays = pixel_rays(torch.eye(4), camera, pixels.reshape(-1, 2))
@@ -674,6 +689,6 @@ def test_the_prior_sweep_renders_what_an_untrained_network_renders(levels):
                     readout_source_colour=True,
                 )
                 expected = GNT(settings).eval()(rays, depths, sources)
-                rgb, depth = renders[levels, weight]
+                rgb, depth = renders[levels, weight, 0.0]
                 torch.testing.assert_close(rgb, expected.rgb, rtol=1e-5, atol=1e-6)
                 torch.testing.assert_close(depth, expected.depth, rtol=1e-5, atol=1e-5)

@@ -123,17 +123,32 @@ READOUTS = {
     "view_blend": {"readout_view_blend": True},
     "consistency_levels": {"readout_consistency_prior": 160.0, "readout_consistency_levels": 4},
     "source_colour_only": {"readout_colour_residual": False},
+    "consistency_features": {
+        "readout_consistency_prior": 160.0,
+        "readout_consistency_levels": 4,
+        "readout_consistency_features": 0.3,
+    },
 }
+
+
+def _readout(request, name: str) -> dict:
+    """READOUTS[name]; the feature consistency's AlexNet weights from the shared folder."""
+    overrides = dict(READOUTS[name])
+    if name == "consistency_features":
+        weights = str(request.getfixturevalue("lpips_alex_weights"))
+        encoder = read_run_settings(compose_config("experiment=quick")).model.net.encoder
+        overrides["encoder"] = replace(encoder, backbone_weights=weights)
+    return overrides
 
 
 @pytest.mark.parametrize("kind", ["pola_gnt", "gnt"])
 @pytest.mark.parametrize("readout", list(READOUTS))
-def test_the_moved_computations_equal_the_network_in_fp32(kind, readout):
+def test_the_moved_computations_equal_the_network_in_fp32(kind, readout, request):
     """Projected feature maps, the colour term per sample, the direction code per ray and the split
     fusion layer: each the same function as the GNT's forward, to 1e-5 (rounding only); with each
     read-out (the quick preset's, GNT's, the source colour blended over the views, the prior's spread
-    over 4 blur levels, the source colour without the learned residual)."""
-    net = _net(kind, **READOUTS[readout])
+    over 4 blur levels, the source colour without the learned residual, the feature consistency)."""
+    net = _net(kind, **_readout(request, readout))
     sources, rays, depths = _rig(net)
     with torch.inference_mode():
         expected = net(rays, depths, sources)
@@ -167,14 +182,16 @@ def kernel_forms(request, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["pola_gnt", "gnt"])
-@pytest.mark.parametrize("readout", ["quick", "view_blend", "consistency_levels", "source_colour_only"])
-def test_bf16_rendering_is_close_to_the_network_and_finite(kind, kernel_forms, readout):
+@pytest.mark.parametrize(
+    "readout", ["quick", "view_blend", "consistency_levels", "source_colour_only", "consistency_features"]
+)
+def test_bf16_rendering_is_close_to_the_network_and_finite(kind, kernel_forms, readout, request):
     """bf16 weights and activations; fp32 feature maps, norms, softmax and read-out; fp32 outputs.
     Against the network's fp32 forward (itself within 1e-6 of exact arithmetic, see the fp64 tests of
     every op): colours within 0.03 at 99% of the rays, 0.1 at the worst and 0.005 on average (bf16 keeps
     8 bits, 0.4% per rounding, and these random weights are rougher than trained ones: on fern the
     trained models' bf16 and fp32 PSNR agree to 0.01 dB), depths within 1% of the depth range on average."""
-    net = _net(kind, **READOUTS[readout])
+    net = _net(kind, **_readout(request, readout))
     sources, rays, depths = _rig(net)
     with torch.inference_mode():
         expected = net(rays, depths, sources)

@@ -172,6 +172,18 @@ def read_alexnet_convs(path: Path, origin: str = "") -> list[tuple[np.ndarray, n
     return convs
 
 
+def alexnet_convs_to_build(weights: str | None, lpips_weights: str | None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The five convs' (weight, bias) a module starts from: read from the npz (`alexnet_weights_path`), or,
+    while a network is rebuilt for a checkpoint (`weights_from_checkpoint`), zero placeholders of the
+    right shapes that the checkpoint's tensors replace."""
+    if _from_checkpoint:
+        return [
+            (np.zeros((c_out, c_in, kernel, kernel), np.float32), np.zeros(c_out, np.float32))
+            for _, c_in, c_out, kernel, _, _ in ALEXNET_CONVS
+        ]
+    return read_alexnet_convs(*alexnet_weights_path(weights, lpips_weights))
+
+
 class AlexNetEncoder(nn.Module):
     """ImageEncoder's contract from AlexNet's ImageNet convolutions and a trainable head."""
 
@@ -182,13 +194,7 @@ class AlexNetEncoder(nn.Module):
         """`lpips_weights`: the run's `metrics.lpips_weights`, where a null `backbone_weights` looks first."""
         super().__init__()
         self.feature_channels = settings.feature_channels
-        if _from_checkpoint:  # placeholders of the right shapes: the checkpoint's weights replace them
-            convs = [
-                (np.zeros((c_out, c_in, kernel, kernel), np.float32), np.zeros(c_out, np.float32))
-                for _, c_in, c_out, kernel, _, _ in ALEXNET_CONVS
-            ]
-        else:
-            convs = read_alexnet_convs(*alexnet_weights_path(settings.backbone_weights, lpips_weights))
+        convs = alexnet_convs_to_build(settings.backbone_weights, lpips_weights)
         self.convs = nn.ModuleList()
         for (_, c_in, c_out, kernel, stride, padding), (weight, bias) in zip(ALEXNET_CONVS, convs, strict=True):
             conv = nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=padding)
@@ -277,3 +283,59 @@ class AlexNetEncoder(nn.Module):
 
     def forward(self, images: Float[Tensor, "views 3 h w"]) -> Float[Tensor, "views channels fh fw"]:
         return self.trainable_part(self.frozen_part(images), self.feature_size(images))
+
+
+class ConsistencyFeatures(nn.Module):
+    """What the read-out's feature consistency compares across the source views
+    (`model.net.readout_consistency_features`): AlexNet's ImageNet convolutions up to conv `layer` (relu
+    after each, max-pools before conv2 and conv3, as `AlexNetEncoder`), fixed, each pixel's feature vector
+    scaled to unit length (LPIPS's channel normalisation).
+
+    Colour alone is a weak witness of a surface: flat regions match at every depth, and a pixel's colour
+    changes with noise and exposure. ImageNet's filters respond to local structure (edges, textures,
+    their orientations) over an 11-pixel (conv1) or 51-pixel (conv2) window, so two views agree about
+    a sample's features only where they see the same patch, and unit length keeps brightness out. These
+    are not parameters and never train: learned from ImageNet, not from the pretraining scenes, they
+    cannot fit those, which is what keeps the prior a prior on scenes no one trained on. They are
+    buffers of the state dict, so a checkpoint holds what it rendered with."""
+
+    mean: Tensor  # ImageNet normalisation, [1, 3, 1, 1] buffers (not in the state dict)
+    std: Tensor
+
+    def __init__(self, layer: int, weights: str | None, lpips_weights: str | None = None):
+        """`layer`: 1 .. 5, the last conv; `weights`: `model.net.encoder.backbone_weights` (None: found as
+        the LPIPS weights are, `lpips_weights` first, as `alexnet_weights_path`)."""
+        super().__init__()
+        self.layer = layer
+        convs = alexnet_convs_to_build(weights, lpips_weights)[:layer]
+        for i, (weight, bias) in enumerate(convs):
+            self.register_buffer(f"weight{i}", torch.from_numpy(weight))
+            self.register_buffer(f"bias{i}", torch.from_numpy(bias))
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+        self.channels = ALEXNET_CONVS[layer - 1][2]
+        # Where feature pixel j of this layer sits in the image: its receptive field's centre, pixel
+        # stride * j + offset. conv1 (11x11, stride 4, padding 2) centres its output j on pixel 4j + 3;
+        # each 3/2 max-pool doubles the stride and moves the centre to the middle of its window (2k + 1).
+        # Reading the maps as if their corners met the image's (align_corners, as the encoder's learned
+        # features are read) would put a view's feature up to 0.75 of its stride off, by an amount that
+        # varies across the image, so across the views: the views then agree best a few pixels off the
+        # surface. The read goes through `feature_pixels` instead.
+        pools = sum(1 for i in range(layer) if i in (1, 2))
+        self.stride = 4 * 2**pools
+        self.offset = {0: 3.0, 1: 7.0, 2: 15.0}[pools]
+
+    def feature_pixels(self, pixels: Float[Tensor, "*batch 2"]) -> Float[Tensor, "*batch 2"]:
+        """Image pixel coordinates -> the same points in the feature maps' pixel coordinates."""
+        return (pixels - self.offset) / self.stride
+
+    def forward(self, images: Float[Tensor, "views 3 h w"]) -> Float[Tensor, "views channels fh fw"]:
+        """Source images in [0, 1] -> unit-length features, fp32, without gradients (whatever autocast
+        is around: bf16 would round the matching it is for)."""
+        with torch.no_grad(), torch.autocast(images.device.type, enabled=False):
+            x = (images.float() - self.mean) / self.std
+            for i, (_, _, _, _, stride, padding) in enumerate(ALEXNET_CONVS[: self.layer]):
+                if i in (1, 2):
+                    x = F.max_pool2d(x, 3, 2)
+                x = F.relu(F.conv2d(x, getattr(self, f"weight{i}"), getattr(self, f"bias{i}"), stride, padding))
+            return F.normalize(x, dim=1)

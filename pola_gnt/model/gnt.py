@@ -14,7 +14,8 @@ Data flow for a chunk of rays (all shapes per chunk; the caller picks the chunk 
       ray block: self-attention over seen samples      [rays, samples, width]
     read-out: attention pooling over seen samples      rgb [rays, 3], depth [rays]
       (scores minus `readout_consistency_prior` x the colour spread over the views, if set,
-      measured on `readout_consistency_levels` levels of a blur pyramid of the source images;
+      measured on `readout_consistency_levels` levels of a blur pyramid of the source images,
+      plus `readout_consistency_features` x the spread of ImageNet features, `ConsistencyFeatures`;
       with `readout_source_colour`, rgb = pooled mean source colour + the learned colour;
       with `readout_view_blend`, that mean weighted by learned per-view scores, `SourceViewBlend`)
 
@@ -53,7 +54,7 @@ from torch import Tensor, nn
 from pola_gnt.attention.modules import SubtractionViewAttention
 from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
 from pola_gnt.geometry.rays import Rays, points_along_rays
-from pola_gnt.model.backbone import AlexNetEncoder
+from pola_gnt.model.backbone import AlexNetEncoder, ConsistencyFeatures
 from pola_gnt.model.encoder import ImageEncoder
 from pola_gnt.model.settings import NetSettings
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
@@ -69,6 +70,8 @@ class SourceViews:
     intrinsics: Float[Tensor, "views 3 3"]  # for the images' (height, width)
     # colour_pyramid's results by level count: a render reads the same views chunk after chunk.
     _pyramids: dict[int, Tensor] = field(default_factory=dict, repr=False, compare=False)
+    # ConsistencyFeatures' maps by its layer, the same way
+    _consistency_maps: dict[int, Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def centers(self) -> Float[Tensor, "views 3"]:
@@ -80,6 +83,12 @@ class SourceViews:
         if levels not in self._pyramids:
             self._pyramids[levels] = colour_pyramid(self.images, levels)
         return self._pyramids[levels]
+
+    def consistency_maps(self, extractor: ConsistencyFeatures) -> Float[Tensor, "views channels h w"]:
+        """`extractor(images)` of these views, computed once."""
+        if extractor.layer not in self._consistency_maps:
+            self._consistency_maps[extractor.layer] = extractor(self.images)
+        return self._consistency_maps[extractor.layer]
 
 
 def colour_pyramid(
@@ -117,6 +126,8 @@ class GatheredSamples:
     # the blurred colours `SourceViews.coarse_colours` (3 per level above 0), zero where not visible;
     # None when not asked for
     coarse_rgb: Float[Tensor, "rays samples views coarse"] | None = None
+    # `SourceViews.consistency_maps` read there, zero where not visible; None when not asked for
+    consistency: Float[Tensor, "rays samples views consistency"] | None = None
 
 
 def _bilinear_read(
@@ -140,6 +151,7 @@ def gather_source_samples(
     sources: SourceViews,
     gnt_compatible: bool = False,
     colour_levels: int = 1,
+    consistency: ConsistencyFeatures | None = None,
 ) -> GatheredSamples:
     """Project `points` `[rays, samples, 3]` into every source view and read colour and features.
 
@@ -149,7 +161,8 @@ def gather_source_samples(
     pixel coordinates would be off by pixels. `gnt_compatible`: GNT's edge test (between the outer
     pixel centres), zero padding, values kept where a view does not see the point in front of it, and
     GNT's relative-direction epsilons (see the module docstring). `colour_levels` > 1 also reads the
-    blurred colours of `SourceViews.coarse_colours` (`GatheredSamples.coarse_rgb`).
+    blurred colours of `SourceViews.coarse_colours` (`GatheredSamples.coarse_rgb`); `consistency` also reads
+    its feature maps (`SourceViews.consistency_maps`, `GatheredSamples.consistency`).
     """
     n_rays, n_samples, _ = points.shape
     height, width = sources.images.shape[-2:]
@@ -181,10 +194,18 @@ def gather_source_samples(
         if colour_levels > 1:
             coarse = _bilinear_read(sources.coarse_colours(colour_levels), grid, padding_mode)
             coarse_rgb = coarse.unflatten(1, (n_rays, n_samples)).permute(1, 2, 0, 3) * in_front[..., None]
+        consistency_values = None
+        if consistency is not None:
+            maps = sources.consistency_maps(consistency)
+            feature_grid = pixels_to_grid(consistency.feature_pixels(projection.pixels), *maps.shape[-2:]).flatten(1, 2)
+            read = _bilinear_read(maps, feature_grid, padding_mode)
+            consistency_values = read.unflatten(1, (n_rays, n_samples)).permute(1, 2, 0, 3) * in_front[..., None]
         rel_dirs = relative_directions(
             points, target_centers[:, None, :].float(), sources.centers.float(), gnt_epsilons=gnt_compatible
         )
-    return GatheredSamples(values=values, visible=visible, rel_dirs=rel_dirs, coarse_rgb=coarse_rgb)
+    return GatheredSamples(
+        values=values, visible=visible, rel_dirs=rel_dirs, coarse_rgb=coarse_rgb, consistency=consistency_values
+    )
 
 
 def sinusoidal_encoding(x: Float[Tensor, "*batch dim"], n_freqs: int) -> Float[Tensor, "*batch code"]:
@@ -263,7 +284,7 @@ class GNTBlock(nn.Module):
 
 
 def source_colour_statistics(
-    gathered: GatheredSamples,
+    gathered: GatheredSamples, feature_weight: float = 0.0
 ) -> tuple[Float[Tensor, "rays samples 3"], Float[Tensor, "rays samples"]]:
     """What the source views say about each sample's colour: the mean RGB over the visible views
     (0 where no view sees the sample), and how much the views disagree about it, the standard
@@ -272,9 +293,33 @@ def source_colour_statistics(
     in front of or behind textured surfaces). With `gathered.coarse_rgb` the spread is the mean of
     the spreads at every level of the blur pyramid (`colour_pyramid`), level 0 the pixels' own.
     Samples seen by fewer than two views have no spread to measure and get the largest value any
-    sample has, 1 / 2 (colours are in [0, 1])."""
+    sample has, 1 / 2 (colours are in [0, 1]). With `gathered.consistency`, `feature_weight` times the
+    spread of those features (`feature_spread`) is added to the spread."""
     rgb = gathered.values[..., :3]  # zero where not visible
-    return pyramid_colour_statistics(rgb, gathered.coarse_rgb, gathered.visible, dim=2)
+    mean, spread = pyramid_colour_statistics(rgb, gathered.coarse_rgb, gathered.visible, dim=2)
+    if gathered.consistency is not None:
+        spread = spread + feature_weight * feature_spread(gathered.consistency, gathered.visible, dim=2)
+    return mean, spread
+
+
+def feature_spread(
+    features: Float[Tensor, "*batch channels"], visible: Bool[Tensor, "*batch_views"], dim: int
+) -> Float[Tensor, "*points"]:
+    """How far the visible views' unit-length feature vectors (`ConsistencyFeatures`; axis `dim`, zero
+    where not visible) lie from their mean: the root of the summed variance over the channels, 0 where
+    they agree and at most 1 (`sqrt(1 - |mean|^2)` for unit vectors); 1 where fewer than two views see
+    the point.
+
+    In one pass, as the mean squared length minus the squared length of the mean: over 192 channels a
+    third of the time of subtracting the mean first. Its fp32 rounding leaves about 3e-4 where the
+    vectors agree (the root of 1e-7), under a thousandth of the spread's range."""
+    weights = visible.to(features.dtype)
+    count = weights.sum(dim=dim)
+    views = count.clamp(min=1.0)
+    mean = features.sum(dim=dim) / views[..., None]
+    squared_length = (features.square().sum(dim=-1) * weights).sum(dim=dim) / views
+    spread = (squared_length - mean.square().sum(dim=-1)).clamp(min=0.0).sqrt()
+    return torch.where(count >= 2, spread, torch.ones_like(spread))
 
 
 def pyramid_colour_statistics(
@@ -463,6 +508,13 @@ class GNT(nn.Module):
             settings.readout_colour_residual,
         )
         self.view_blend = SourceViewBlend(width) if settings.readout_view_blend else None
+        self.consistency_features = (
+            ConsistencyFeatures(
+                settings.readout_consistency_feature_layer, settings.encoder.backbone_weights, lpips_weights
+            )
+            if settings.readout_consistency_features
+            else None
+        )
 
     def encoder_input(self, images: Float[Tensor, "views 3 height width"]) -> Float[Tensor, "views 3 h w"]:
         """The source images as the encoder sees them: at `encoder_input_scale` of their size."""
@@ -500,7 +552,12 @@ class GNT(nn.Module):
         n_rays, n_samples = depths.shape
         points = points_along_rays(rays, depths)  # [rays, samples, 3]
         gathered = gather_source_samples(
-            points, rays.origins, sources, self.gnt_compatible, self.settings.readout_consistency_levels
+            points,
+            rays.origins,
+            sources,
+            self.gnt_compatible,
+            self.settings.readout_consistency_levels,
+            self.consistency_features,
         )
         seen = gathered.visible.any(dim=-1)  # [rays, samples]
 
@@ -523,7 +580,11 @@ class GNT(nn.Module):
             return self._gnt_blocks_and_readout(tokens, view_tokens, rel_dirs, view_mask, position_code, seen, depths)
         for block in self.blocks:
             tokens = block(tokens, view_tokens, rel_dirs, view_mask, position_code, seen)
-        source_colours = source_colour_statistics(gathered) if self.readout.needs_source_colours else None
+        source_colours = (
+            source_colour_statistics(gathered, self.settings.readout_consistency_features)
+            if self.readout.needs_source_colours
+            else None
+        )
         if self.view_blend is not None and source_colours is not None:
             blended = self.view_blend(
                 view_tokens.unflatten(0, (n_rays, n_samples)),

@@ -51,7 +51,15 @@ from pola_gnt.geometry.projection import pixels_to_grid, project_points, relativ
 from pola_gnt.geometry.rays import Rays, points_along_rays
 from pola_gnt.model import render_kernels
 from pola_gnt.model.fused_linear import FusedLinear, fuse_linear_layers, fused_linear
-from pola_gnt.model.gnt import GNT, GNTBlock, RayOutput, SourceViews, pyramid_colour_statistics, sinusoidal_encoding
+from pola_gnt.model.gnt import (
+    GNT,
+    GNTBlock,
+    RayOutput,
+    SourceViews,
+    feature_spread,
+    pyramid_colour_statistics,
+    sinusoidal_encoding,
+)
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -299,6 +307,15 @@ class FastRenderNetwork:
                 coarse = _bilinear_channels(views.coarse_colours(levels), grid, "border")
                 coarse = coarse.mul_(visible[:, None, :].float()).transpose(1, 2)  # [views, points, 3 (levels - 1)]
             source_colours = _source_colour_statistics(rgb.transpose(1, 2), coarse, visible, n_rays, n_samples)
+            extractor = net.consistency_features
+            if extractor is not None:
+                maps = views.consistency_maps(extractor)
+                feature_grid = pixels_to_grid(extractor.feature_pixels(projection.pixels), *maps.shape[-2:])
+                features = _bilinear_channels(maps, feature_grid.flatten(1, 2), "border")
+                features = features.mul_(visible[:, None, :].float()).transpose(1, 2)  # [views, points, C]
+                spread = feature_spread(features, visible, dim=0).unflatten(0, (n_rays, n_samples))
+                weight = net.settings.readout_consistency_features
+                source_colours = (source_colours[0], source_colours[1] + weight * spread)
         if self.view_blend is not None and source_colours is not None:
             blended = self.view_blend(
                 view_tokens.unflatten(0, (n_rays, n_samples)),

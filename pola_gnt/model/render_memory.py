@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from pola_gnt.model.backbone import ALEXNET_CONVS
 from pola_gnt.model.settings import NetSettings, RenderSettings
 
 ACTIVATIONS_PER_POINT = 8  # width-sized float32 tensors per (ray, sample, view) alive at once, at most
@@ -23,6 +24,8 @@ _BYTES = 4  # float32
 def bytes_per_ray(net: NetSettings, n_samples: int, num_source_views: int) -> int:
     """Estimated peak activation bytes of one ray in a rendering pass."""
     per_point = ACTIVATIONS_PER_POINT * net.width + net.encoder.feature_channels + 3
+    if net.readout_consistency_features:  # the feature consistency's reads, and their deviations from the mean
+        per_point += 2 * ALEXNET_CONVS[net.readout_consistency_feature_layer - 1][2]
     return _BYTES * n_samples * num_source_views * per_point
 
 

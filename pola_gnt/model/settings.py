@@ -73,6 +73,9 @@ class NetSettings:
     readout_consistency_prior: float
     # the prior's colour spread measured on this many levels of a blur pyramid (1: the pixels' alone)
     readout_consistency_levels: int
+    # ... plus this times the spread of AlexNet's unit-length features over the views (0: off; ConsistencyFeatures)
+    readout_consistency_features: float
+    readout_consistency_feature_layer: int  # 1..5: those features are AlexNet's conv `layer` outputs
     readout_source_colour: bool
     # with the source colour: add the learned colour of the pooled token to it (false: the source colour alone)
     readout_colour_residual: bool
@@ -106,6 +109,14 @@ class NetSettings:
                 f"of the consistency prior, which is off (set {key}.readout_consistency_prior, or "
                 f"{key}.readout_consistency_levels=1)"
             )
+        check_number(self.readout_consistency_features, f"{key}.readout_consistency_features", 0, None, low_open=False)
+        check_int(self.readout_consistency_feature_layer, f"{key}.readout_consistency_feature_layer", 1, 5)
+        if self.readout_consistency_features and not self.readout_consistency_prior:
+            raise UserError(
+                f"{key}.readout_consistency_features: {self.readout_consistency_features} times the feature spread "
+                f"in the consistency prior, which is off (set {key}.readout_consistency_prior, or "
+                f"{key}.readout_consistency_features=0)"
+            )
         check_choice(self.compat, f"{key}.compat", COMPAT_MODES)
         if not self.readout_colour_residual and not self.readout_source_colour:
             raise UserError(
@@ -132,6 +143,7 @@ class NetSettings:
             "ray_attention": (self.ray_attention, "softmax"),
             "readout_consistency_prior": (self.readout_consistency_prior, 0.0),
             "readout_consistency_levels": (self.readout_consistency_levels, 1),
+            "readout_consistency_features": (self.readout_consistency_features, 0.0),
             "readout_source_colour": (self.readout_source_colour, False),
             "readout_colour_residual": (self.readout_colour_residual, True),
             "readout_view_blend": (self.readout_view_blend, False),
