@@ -9,7 +9,8 @@ pooled over the samples by `softmax(-weight x spread)` (`gnt.PooledReadout`: its
 layers start at zero), the spread measured on `levels` levels of the blur pyramid
 (`model.net.readout_consistency_levels`, `gnt.colour_pyramid`), plus `features` times the spread of
 AlexNet's unit-length features of conv `--feature-layer` (`model.net.readout_consistency_features`,
-`backbone.ConsistencyFeatures`; weights found as the LPIPS weights are): a plane-sweep stereo render.
+`backbone.ConsistencyFeatures`; weights found as the LPIPS weights are; projected as
+`model.net.readout_consistency_feature_dims=K` says): a plane-sweep stereo render.
 That is where a pretraining starts, and the floor that what the network learns must beat: this script
 renders it for every (levels, weight, features) through the model's own gather, statistics and read-out
 (without the transformer, which an untrained read-out ignores), so a prior is chosen by measurement.
@@ -105,8 +106,12 @@ def sweep(
     settings = read_run_settings(compose_config("experiment=quick", *overrides))
     extractor = None
     if any(features):
+        net = settings.model.net
         extractor = ConsistencyFeatures(
-            feature_layer, settings.model.net.encoder.backbone_weights, settings.metrics.lpips_weights
+            feature_layer,
+            net.encoder.backbone_weights,
+            settings.metrics.lpips_weights,
+            net.readout_consistency_feature_dims,
         )
     scene = load_scene(settings.scene, settings.data)
     metrics = build_image_metrics(settings.metrics)

@@ -16,7 +16,7 @@ from test_model import MODEL_KINDS, TINY_ENCODER, make_sources, square_rig, targ
 from pola_gnt.core.errors import UserError
 from pola_gnt.geometry.rays import pixel_rays
 from pola_gnt.model import GNT, SourceViews
-from pola_gnt.model.backbone import ConsistencyFeatures, weights_from_checkpoint
+from pola_gnt.model.backbone import ConsistencyFeatures, principal_directions, weights_from_checkpoint
 from pola_gnt.model.gnt import GatheredSamples, feature_spread, gather_source_samples, source_colour_statistics
 
 
@@ -47,6 +47,43 @@ def test_the_features_are_alexnets_own_scaled_to_unit_length(lpips_alex_weights,
     # bf16 autocast around it changes nothing: the features are computed in fp32
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(extractor(image), got)
+
+
+def test_principal_directions_keep_the_spread_of_features_in_their_span():
+    """Features that vary in 3 directions of 40 channels: projected on 3 principal directions, every
+    distance between two views' features (so every spread) is kept; on 2 it shrinks by what the third
+    held, the direction of least variance. The directions are orthonormal, the largest first."""
+    generator = torch.Generator().manual_seed(0)
+    basis = torch.linalg.qr(torch.randn(40, 3, generator=generator, dtype=torch.float64))[0]
+    scales = torch.tensor([3.0, 2.0, 0.5], dtype=torch.float64)
+    codes = torch.randn(4, 9, 7, 3, generator=generator, dtype=torch.float64) * scales  # [views, h, w, 3]
+    offset = torch.randn(40, generator=generator, dtype=torch.float64)  # a common part: no variance
+    maps = (codes @ basis.T + offset).permute(0, 3, 1, 2)  # [views, 40, h, w]
+    directions = principal_directions(maps, 3)
+    torch.testing.assert_close(directions.T @ directions, torch.eye(3, dtype=torch.float64))
+    assert abs(float((directions[:, 0] @ basis[:, 0]).abs())) > 0.99  # the largest variance first
+
+    def spread(directions: torch.Tensor | None) -> torch.Tensor:
+        projected = maps if directions is None else torch.einsum("vchw,cd->vdhw", maps, directions)
+        per_pixel = projected.permute(2, 3, 0, 1)  # [h, w, views, channels]: rays, samples, views, channels
+        return feature_spread(per_pixel, torch.ones(per_pixel.shape[:3], dtype=torch.bool), dim=2)
+
+    torch.testing.assert_close(spread(directions), spread(None))
+    assert (spread(principal_directions(maps, 2)) < spread(None) - 1e-6).float().mean() > 0.9
+
+
+def test_projected_features_are_the_full_features_on_their_principal_directions(lpips_alex_weights):
+    """`ConsistencyFeatures(dims=K)` returns K channels: the unit-length features projected on their own
+    K principal directions over the views; 0, or K at least the layer's channels, projects nothing."""
+    image = torch.rand(3, 3, 67, 91, generator=torch.Generator().manual_seed(1))
+    full = ConsistencyFeatures(2, str(lpips_alex_weights))(image)
+    projected = ConsistencyFeatures(2, str(lpips_alex_weights), dims=16)
+    assert projected.channels == 16 and projected.dims == 16
+    got = projected(image)
+    assert got.shape == (3, 16, *full.shape[2:])
+    torch.testing.assert_close(got, torch.einsum("vchw,cd->vdhw", full, principal_directions(full, 16)))
+    for dims in (0, 192, 500):
+        assert torch.equal(ConsistencyFeatures(2, str(lpips_alex_weights), dims=dims)(image), full)
 
 
 def test_feature_spread_is_zero_where_views_agree_and_one_where_they_cannot_tell():
@@ -199,6 +236,7 @@ def test_feature_settings_are_checked():
         ({"readout_consistency_features": -0.1}, "readout_consistency_features"),
         ({"readout_consistency_feature_layer": 0}, "readout_consistency_feature_layer"),
         ({"readout_consistency_feature_layer": 6}, "readout_consistency_feature_layer"),
+        ({"readout_consistency_feature_dims": -1}, "readout_consistency_feature_dims"),
         ({"readout_consistency_prior": 0.0}, "readout_consistency_features: 0.3 times .* prior, which is off"),
     ):
         with pytest.raises(UserError, match=match) as err:

@@ -128,13 +128,19 @@ READOUTS = {
         "readout_consistency_levels": 4,
         "readout_consistency_features": 0.3,
     },
+    "consistency_feature_dims": {
+        "readout_consistency_prior": 160.0,
+        "readout_consistency_levels": 4,
+        "readout_consistency_features": 0.3,
+        "readout_consistency_feature_dims": 16,
+    },
 }
 
 
 def _readout(request, name: str) -> dict:
     """READOUTS[name]; the feature consistency's AlexNet weights from the shared folder."""
     overrides = dict(READOUTS[name])
-    if name == "consistency_features":
+    if name.startswith("consistency_feature"):
         weights = str(request.getfixturevalue("lpips_alex_weights"))
         encoder = read_run_settings(compose_config("experiment=quick")).model.net.encoder
         overrides["encoder"] = replace(encoder, backbone_weights=weights)

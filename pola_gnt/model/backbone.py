@@ -297,14 +297,21 @@ class ConsistencyFeatures(nn.Module):
     a sample's features only where they see the same patch, and unit length keeps brightness out. These
     are not parameters and never train: learned from ImageNet, not from the pretraining scenes, they
     cannot fit those, which is what keeps the prior a prior on scenes no one trained on. They are
-    buffers of the state dict, so a checkpoint holds what it rendered with."""
+    buffers of the state dict, so a checkpoint holds what it rendered with.
+
+    With `dims`, the maps are projected on their `dims` principal directions over every pixel of the
+    views at hand (`principal_directions`): conv2's 192 channels are mostly redundant (neighbouring
+    filters respond to the same edges), and the prior reads and compares every channel at every sample
+    and view, which costs as much as the rest of a render. A projection changes the spread only by what
+    the dropped directions held, and these views' own principal directions keep the most of it."""
 
     mean: Tensor  # ImageNet normalisation, [1, 3, 1, 1] buffers (not in the state dict)
     std: Tensor
 
-    def __init__(self, layer: int, weights: str | None, lpips_weights: str | None = None):
+    def __init__(self, layer: int, weights: str | None, lpips_weights: str | None = None, dims: int = 0):
         """`layer`: 1 .. 5, the last conv; `weights`: `model.net.encoder.backbone_weights` (None: found as
-        the LPIPS weights are, `lpips_weights` first, as `alexnet_weights_path`)."""
+        the LPIPS weights are, `lpips_weights` first, as `alexnet_weights_path`); `dims`: the principal
+        directions kept (0, or at least the layer's channels: all channels, unprojected)."""
         super().__init__()
         self.layer = layer
         convs = alexnet_convs_to_build(weights, lpips_weights)[:layer]
@@ -313,7 +320,9 @@ class ConsistencyFeatures(nn.Module):
             self.register_buffer(f"bias{i}", torch.from_numpy(bias))
         self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
-        self.channels = ALEXNET_CONVS[layer - 1][2]
+        layer_channels = ALEXNET_CONVS[layer - 1][2]
+        self.dims = dims if 0 < dims < layer_channels else 0
+        self.channels = self.dims or layer_channels  # of the maps `forward` returns
         # Where feature pixel j of this layer sits in the image: its receptive field's centre, pixel
         # stride * j + offset. conv1 (11x11, stride 4, padding 2) centres its output j on pixel 4j + 3;
         # each 3/2 max-pool doubles the stride and moves the centre to the middle of its window (2k + 1).
@@ -338,4 +347,20 @@ class ConsistencyFeatures(nn.Module):
                 if i in (1, 2):
                     x = F.max_pool2d(x, 3, 2)
                 x = F.relu(F.conv2d(x, getattr(self, f"weight{i}"), getattr(self, f"bias{i}"), stride, padding))
-            return F.normalize(x, dim=1)
+            x = F.normalize(x, dim=1)
+            if self.dims:
+                x = torch.einsum("vchw,cd->vdhw", x, principal_directions(x, self.dims))
+            return x
+
+
+def principal_directions(maps: Float[Tensor, "views channels h w"], dims: int) -> Float[Tensor, "channels dims"]:
+    """The `dims` leading eigenvectors of the covariance of every pixel's feature vector over all the
+    views, as columns, largest variance first. Computed in fp64 (a 192 x 192 eigenproblem costs
+    nothing next to the reads it saves, and fp32's rounding would make near-equal eigenvalues swap
+    places between machines). A column's sign is whatever `eigh` returns: spreads and distances do not
+    depend on it."""
+    flat = maps.detach().transpose(0, 1).flatten(1).double()  # [channels, pixels]
+    centred = flat - flat.mean(dim=1, keepdim=True)
+    covariance = centred @ centred.T / max(centred.shape[1], 1)
+    _, vectors = torch.linalg.eigh(covariance)  # ascending eigenvalues
+    return vectors[:, -dims:].flip(-1).to(maps.dtype)

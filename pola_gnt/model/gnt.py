@@ -70,8 +70,8 @@ class SourceViews:
     intrinsics: Float[Tensor, "views 3 3"]  # for the images' (height, width)
     # colour_pyramid's results by level count: a render reads the same views chunk after chunk.
     _pyramids: dict[int, Tensor] = field(default_factory=dict, repr=False, compare=False)
-    # ConsistencyFeatures' maps by its layer, the same way
-    _consistency_maps: dict[int, Tensor] = field(default_factory=dict, repr=False, compare=False)
+    # ConsistencyFeatures' maps by its (layer, dims), the same way
+    _consistency_maps: dict[tuple[int, int], Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def centers(self) -> Float[Tensor, "views 3"]:
@@ -86,9 +86,10 @@ class SourceViews:
 
     def consistency_maps(self, extractor: ConsistencyFeatures) -> Float[Tensor, "views channels h w"]:
         """`extractor(images)` of these views, computed once."""
-        if extractor.layer not in self._consistency_maps:
-            self._consistency_maps[extractor.layer] = extractor(self.images)
-        return self._consistency_maps[extractor.layer]
+        key = (extractor.layer, extractor.dims)
+        if key not in self._consistency_maps:
+            self._consistency_maps[key] = extractor(self.images)
+        return self._consistency_maps[key]
 
 
 def colour_pyramid(
@@ -510,7 +511,10 @@ class GNT(nn.Module):
         self.view_blend = SourceViewBlend(width) if settings.readout_view_blend else None
         self.consistency_features = (
             ConsistencyFeatures(
-                settings.readout_consistency_feature_layer, settings.encoder.backbone_weights, lpips_weights
+                settings.readout_consistency_feature_layer,
+                settings.encoder.backbone_weights,
+                lpips_weights,
+                settings.readout_consistency_feature_dims,
             )
             if settings.readout_consistency_features
             else None

@@ -25,7 +25,8 @@ def bytes_per_ray(net: NetSettings, n_samples: int, num_source_views: int) -> in
     """Estimated peak activation bytes of one ray in a rendering pass."""
     per_point = ACTIVATIONS_PER_POINT * net.width + net.encoder.feature_channels + 3
     if net.readout_consistency_features:  # the feature consistency's reads, and their deviations from the mean
-        per_point += 2 * ALEXNET_CONVS[net.readout_consistency_feature_layer - 1][2]
+        channels = ALEXNET_CONVS[net.readout_consistency_feature_layer - 1][2]
+        per_point += 2 * (min(net.readout_consistency_feature_dims, channels) or channels)
     return _BYTES * n_samples * num_source_views * per_point
 
 

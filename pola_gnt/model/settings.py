@@ -76,6 +76,8 @@ class NetSettings:
     # ... plus this times the spread of AlexNet's unit-length features over the views (0: off; ConsistencyFeatures)
     readout_consistency_features: float
     readout_consistency_feature_layer: int  # 1..5: those features are AlexNet's conv `layer` outputs
+    # ... projected on their this many principal directions over the source views (0: all channels)
+    readout_consistency_feature_dims: int
     readout_source_colour: bool
     # with the source colour: add the learned colour of the pooled token to it (false: the source colour alone)
     readout_colour_residual: bool
@@ -111,6 +113,7 @@ class NetSettings:
             )
         check_number(self.readout_consistency_features, f"{key}.readout_consistency_features", 0, None, low_open=False)
         check_int(self.readout_consistency_feature_layer, f"{key}.readout_consistency_feature_layer", 1, 5)
+        check_int(self.readout_consistency_feature_dims, f"{key}.readout_consistency_feature_dims", 0, 384)
         if self.readout_consistency_features and not self.readout_consistency_prior:
             raise UserError(
                 f"{key}.readout_consistency_features: {self.readout_consistency_features} times the feature spread "
