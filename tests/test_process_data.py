@@ -149,7 +149,10 @@ def test_same_capture_same_scene(fern_processed, fern_dir, tmp_path):
     round differently from run to run (seen in CI: focal lengths 0.03% apart, centres 0.05%), and
     bundle adjustment carries that into every value; ten times that is still far below what a view
     synthesis model notices. The undistorted images' size follows the estimated distortion, so it
-    can differ by a pixel (seen: 497 vs 498 wide)."""
+    can differ by a pixel (seen: 497 vs 498 wide). Near and far are LLFF's 0.1 / 99.9 percentiles of
+    the depths a view sees, so with a few hundred points they are its extreme points, and which
+    marginal points triangulate varies between runs (seen in CI: 4.4%); a sampling range that
+    moves by a tenth still covers the same scene."""
     out, summary = fern_processed
     again = _process(fern_dir / "images_8", tmp_path / "again")
     assert again["images_registered"] == summary["images_registered"] == 20
@@ -160,7 +163,7 @@ def test_same_capture_same_scene(fern_processed, fern_dir, tmp_path):
     assert np.allclose(poses[:, 2, 4], first_poses[:, 2, 4], rtol=5e-3)  # focal length
     errors = camera_errors(llff_to_opencv(poses[:, :, :4]), llff_to_opencv(first_poses[:, :, :4]), bounds, first_bounds)
     assert errors.centre_error < 5e-3 and errors.rotation_error_deg < 0.5, errors
-    assert errors.bounds_error is not None and errors.bounds_error < 0.02, errors
+    assert errors.bounds_error is not None and errors.bounds_error < 0.1, errors
     assert abs(again["points"] - summary["points"]) <= 0.05 * summary["points"]
     assert np.allclose(again["camera_params"], summary["camera_params"], rtol=5e-3, atol=1e-3)
 
