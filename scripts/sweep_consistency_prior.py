@@ -10,7 +10,8 @@ layers start at zero), the spread measured on `levels` levels of the blur pyrami
 (`model.net.readout_consistency_levels`, `gnt.colour_pyramid`), plus `features` times the spread of
 AlexNet's unit-length features of conv `--feature-layer` (`model.net.readout_consistency_features`,
 `backbone.ConsistencyFeatures`; weights found as the LPIPS weights are; projected as
-`model.net.readout_consistency_feature_dims=K` says): a plane-sweep stereo render.
+`model.net.readout_consistency_feature_dims=K` says): a plane-sweep stereo render. The colour mean is
+weighted by the views' angles to the target ray as `model.net.readout_view_angle_weighting=T` says.
 That is where a pretraining starts, and the floor that what the network learns must beat: this script
 renders it for every (levels, weight, features) through the model's own gather, statistics and read-out
 (without the transformer, which an untrained read-out ignores), so a prior is chosen by measurement.
@@ -59,6 +60,7 @@ def prior_renders(
     weights: list[float],
     features: Sequence[float] = (0.0,),
     extractor: ConsistencyFeatures | None = None,
+    view_angle_weighting: float = 0.0,
 ) -> dict[tuple[int, float, float], tuple[torch.Tensor, torch.Tensor]]:
     """`(levels, weight, features) -> (rgb [rays, 3], depth [rays])` of an untrained network with the
     source-colour read-out: one gather (at the most levels asked; the features of `extractor`, needed
@@ -81,6 +83,7 @@ def prior_renders(
                     gathered.values[..., :3], gathered.visible, gathered.rel_dirs, coarse, gathered.consistency
                 ),
                 feature_weight,
+                view_angle_weighting,
             )
             for weight in weights:
                 result = PooledReadout(1, weight, source_colour=True)(tokens, seen, depths, statistics)
@@ -128,7 +131,14 @@ def sweep(
         for start in range(0, len(rays), CHUNK_RAYS):
             chunk = rays[start : start + CHUNK_RAYS]
             for key, (rgb, _) in prior_renders(
-                chunk, sampler(chunk, scene.depth_range), sources, levels, weights, features, extractor
+                chunk,
+                sampler(chunk, scene.depth_range),
+                sources,
+                levels,
+                weights,
+                features,
+                extractor,
+                settings.model.net.readout_view_angle_weighting,
             ).items():
                 chunks.setdefault(key, []).append(rgb)
         gt = scene.images[view]

@@ -609,6 +609,72 @@ def test_the_view_blend_trains_and_needs_the_source_colour(kind):
         replace(settings, readout_source_colour=False).check("model.net")
 
 
+def test_angle_weights_follow_the_views_angles_to_the_target_ray():
+    """`angle_weights` against a float64 reference of its rule, softmax(-(angle - nearest) / (T x mean
+    angle)) over the visible views; a small temperature picks the nearest visible view, a large one
+    tends to the plain mean; hidden views weigh 0 and a point no view sees gets no weight at all; the
+    same weights when every angle is scaled (units of the views' mean angle)."""
+    from pola_gnt.model.gnt import angle_weights
+
+    generator = torch.Generator().manual_seed(3)
+    angles = torch.rand(6, 7, 5, generator=generator, dtype=torch.float64) * 0.2 + 0.01  # radians
+    visible = torch.rand(6, 7, 5, generator=generator) > 0.3
+    visible[0, 0] = False  # no view
+    visible[0, 1] = False
+    visible[0, 1, 2] = True  # one view
+    got = angle_weights(angles.cos().float(), visible, 0.5, dim=2).double()
+    seen = visible.any(dim=-1)
+    masked = angles.masked_fill(~visible, float("inf"))
+    nearest = masked.amin(dim=-1, keepdim=True)
+    mean = (angles * visible).sum(-1, keepdim=True) / visible.sum(-1, keepdim=True).clamp(min=1)
+    reference = torch.softmax(-(masked - nearest) / (0.5 * mean), dim=-1)
+    torch.testing.assert_close(got[seen], reference[seen], rtol=1e-4, atol=1e-4)  # float32 arccos near 1
+    assert torch.equal(got[0, 0], torch.zeros(5, dtype=torch.float64))
+    assert got[0, 1, 2] == 1.0 and got[~visible].abs().max() == 0.0
+    sharp = angle_weights(angles.cos().float(), visible, 1e-4, dim=2)
+    assert torch.equal(sharp[seen].argmax(dim=-1), masked[seen].argmin(dim=-1))
+    assert torch.allclose(sharp[seen].amax(dim=-1), torch.ones(()), atol=1e-6)
+    flat = angle_weights(angles.cos().float(), visible, 1e4, dim=2)
+    plain = visible / visible.sum(-1, keepdim=True).clamp(min=1)
+    torch.testing.assert_close(flat[seen], plain[seen].float(), rtol=1e-3, atol=1e-3)
+    scaled = angle_weights((angles * 3.0).cos().float(), visible, 0.5, dim=2)
+    torch.testing.assert_close(scaled, got.float(), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_the_angle_weighted_source_colour_is_the_nearest_views_as_the_temperature_falls(kind):
+    """`readout_view_angle_weighting`: a view-weighted mean of real colours, the plain mean's at a large
+    temperature; the spread (agreement over all views) does not change; it needs the source colour
+    and is not combined with the learned blend (one error line each)."""
+    from pola_gnt.model.gnt import GatheredSamples, source_colour_statistics
+
+    generator = torch.Generator().manual_seed(4)
+    rgb = torch.rand(3, 5, 4, 3, generator=generator)
+    visible = torch.rand(3, 5, 4, generator=generator) > 0.2
+    rel_dirs = torch.zeros(3, 5, 4, 4)
+    rel_dirs[..., 3] = torch.cos(torch.rand(3, 5, 4, generator=generator) * 0.3)
+    gathered = GatheredSamples(values=rgb * visible[..., None], visible=visible, rel_dirs=rel_dirs)
+    mean, spread = source_colour_statistics(gathered)
+    weighted, weighted_spread = source_colour_statistics(gathered, 0.0, 0.25)
+    assert torch.equal(weighted_spread, spread)
+    assert not torch.allclose(weighted, mean, atol=1e-3)
+    torch.testing.assert_close(source_colour_statistics(gathered, 0.0, 1e4)[0], mean, rtol=1e-3, atol=1e-3)
+    nearest = rel_dirs[..., 3].masked_fill(~visible, -2.0).argmax(dim=-1)
+    expected = rgb.gather(2, nearest[..., None, None].expand(3, 5, 1, 3))[:, :, 0]
+    seen = visible.any(dim=-1)
+    torch.testing.assert_close(source_colour_statistics(gathered, 0.0, 1e-4)[0][seen], expected[seen])
+    settings = replace(tiny_model(kind).settings, readout_source_colour=True, readout_view_angle_weighting=0.25)
+    settings.check("model.net")
+    for bad, match in (
+        ({"readout_view_angle_weighting": -1.0}, "readout_view_angle_weighting"),
+        ({"readout_source_colour": False}, "readout_view_angle_weighting: weighs the source colour"),
+        ({"readout_view_blend": True}, "readout_view_blend already weighs"),
+    ):
+        with pytest.raises(UserError, match=match) as err:
+            replace(settings, **bad).check("model.net")
+        assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("kind", MODEL_KINDS)
 def test_without_the_colour_residual_the_colour_is_the_pooled_source_colour(kind):
     """`readout_colour_residual=false`: no learned colour layer; each ray's colour is the source views'

@@ -128,6 +128,11 @@ READOUTS = {
         "readout_consistency_levels": 4,
         "readout_consistency_features": 0.3,
     },
+    "view_angle_weighting": {
+        "readout_consistency_prior": 160.0,
+        "readout_consistency_levels": 4,
+        "readout_view_angle_weighting": 0.25,
+    },
     "consistency_feature_dims": {
         "readout_consistency_prior": 160.0,
         "readout_consistency_levels": 4,
@@ -153,7 +158,8 @@ def test_the_moved_computations_equal_the_network_in_fp32(kind, readout, request
     """Projected feature maps, the colour term per sample, the direction code per ray and the split
     fusion layer: each the same function as the GNT's forward, to 1e-5 (rounding only); with each
     read-out (the quick preset's, GNT's, the source colour blended over the views, the prior's spread
-    over 4 blur levels, the source colour without the learned residual, the feature consistency)."""
+    over 4 blur levels, the source colour without the learned residual, the source colour weighted by
+    the views' angles, the feature consistency)."""
     net = _net(kind, **_readout(request, readout))
     sources, rays, depths = _rig(net)
     with torch.inference_mode():

@@ -17,7 +17,8 @@ Data flow for a chunk of rays (all shapes per chunk; the caller picks the chunk 
       measured on `readout_consistency_levels` levels of a blur pyramid of the source images,
       plus `readout_consistency_features` x the spread of ImageNet features, `ConsistencyFeatures`;
       with `readout_source_colour`, rgb = pooled mean source colour + the learned colour;
-      with `readout_view_blend`, that mean weighted by learned per-view scores, `SourceViewBlend`)
+      with `readout_view_blend`, that mean weighted by learned per-view scores, `SourceViewBlend`;
+      with `readout_view_angle_weighting`, by the views' angles to the target ray, `angle_weights`)
 
 `view_attention="subtraction", ray_attention="softmax"` is GNT; `"pola", "pola"` is Pola-GNT.
 
@@ -285,7 +286,7 @@ class GNTBlock(nn.Module):
 
 
 def source_colour_statistics(
-    gathered: GatheredSamples, feature_weight: float = 0.0
+    gathered: GatheredSamples, feature_weight: float = 0.0, view_angle_weighting: float = 0.0
 ) -> tuple[Float[Tensor, "rays samples 3"], Float[Tensor, "rays samples"]]:
     """What the source views say about each sample's colour: the mean RGB over the visible views
     (0 where no view sees the sample), and how much the views disagree about it, the standard
@@ -295,12 +296,41 @@ def source_colour_statistics(
     the spreads at every level of the blur pyramid (`colour_pyramid`), level 0 the pixels' own.
     Samples seen by fewer than two views have no spread to measure and get the largest value any
     sample has, 1 / 2 (colours are in [0, 1]). With `gathered.consistency`, `feature_weight` times the
-    spread of those features (`feature_spread`) is added to the spread."""
+    spread of those features (`feature_spread`) is added to the spread. A positive
+    `view_angle_weighting` weighs the mean by `angle_weights` (the spread stays over all views alike:
+    it measures agreement)."""
     rgb = gathered.values[..., :3]  # zero where not visible
     mean, spread = pyramid_colour_statistics(rgb, gathered.coarse_rgb, gathered.visible, dim=2)
     if gathered.consistency is not None:
         spread = spread + feature_weight * feature_spread(gathered.consistency, gathered.visible, dim=2)
+    if view_angle_weighting:
+        weights = angle_weights(gathered.rel_dirs[..., 3], gathered.visible, view_angle_weighting, dim=2)
+        mean = (weights[..., None] * rgb).sum(dim=2)
     return mean, spread
+
+
+def angle_weights(
+    cosines: Float[Tensor, "*batch_views"], visible: Bool[Tensor, "*batch_views"], temperature: float, dim: int
+) -> Float[Tensor, "*batch_views"]:
+    """Weights over the source views (axis `dim`, summing to 1 over the visible ones, 0 elsewhere and
+    where no view sees the point) by how far each view's ray to the point turns from the target ray:
+    the unstructured lumigraph's rule that a nearer view's colour is the better guess, since a wrong
+    depth shifts it by less parallax and it sees the same side of the surface.
+
+    `cosines` are the cosines of those angles (`relative_directions`' last number). The angles are
+    measured from the nearest visible view's and in units of the visible views' mean angle, so the
+    rule reads the same for a forward-facing capture (views a few degrees apart) as around an
+    object: `softmax(-(angle - nearest) / (temperature x mean angle))`. A small temperature picks the
+    nearest view; a large one tends to the plain mean. No gradient: the weights are geometry."""
+    angles = torch.arccos(cosines.detach().float().clamp(-1.0, 1.0))
+    visible_angles = angles.masked_fill(~visible, float("inf"))
+    nearest = visible_angles.amin(dim=dim, keepdim=True)
+    count = visible.sum(dim=dim, keepdim=True).clamp(min=1)
+    mean_angle = (angles * visible).sum(dim=dim, keepdim=True) / count
+    # The scale's floor keeps points the views all see head-on (every angle about 0) finite.
+    scores = -(visible_angles - nearest.clamp(max=torch.pi)) / (temperature * mean_angle.clamp(min=1e-6))
+    weights = torch.softmax(scores, dim=dim)  # a point no view sees: every score -inf -> nan ...
+    return torch.where(visible, weights, torch.zeros_like(weights))  # ... made 0 here
 
 
 def feature_spread(
@@ -585,7 +615,9 @@ class GNT(nn.Module):
         for block in self.blocks:
             tokens = block(tokens, view_tokens, rel_dirs, view_mask, position_code, seen)
         source_colours = (
-            source_colour_statistics(gathered, self.settings.readout_consistency_features)
+            source_colour_statistics(
+                gathered, self.settings.readout_consistency_features, self.settings.readout_view_angle_weighting
+            )
             if self.readout.needs_source_colours
             else None
         )

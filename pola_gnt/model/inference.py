@@ -56,6 +56,7 @@ from pola_gnt.model.gnt import (
     GNTBlock,
     RayOutput,
     SourceViews,
+    angle_weights,
     feature_spread,
     pyramid_colour_statistics,
     sinusoidal_encoding,
@@ -316,6 +317,13 @@ class FastRenderNetwork:
                 spread = feature_spread(features, visible, dim=0).unflatten(0, (n_rays, n_samples))
                 weight = net.settings.readout_consistency_features
                 source_colours = (source_colours[0], source_colours[1] + weight * spread)
+            temperature = net.settings.readout_view_angle_weighting
+            if temperature:
+                view_rgb = rgb.permute(2, 0, 1).unflatten(0, (n_rays, n_samples))  # [rays, samples, views, 3]
+                weights = angle_weights(
+                    rel_dirs[..., 3], view_mask.unflatten(0, (n_rays, n_samples)), temperature, dim=2
+                )
+                source_colours = ((weights[..., None] * view_rgb).sum(dim=2), source_colours[1])
         if self.view_blend is not None and source_colours is not None:
             blended = self.view_blend(
                 view_tokens.unflatten(0, (n_rays, n_samples)),

@@ -82,6 +82,8 @@ class NetSettings:
     # with the source colour: add the learned colour of the pooled token to it (false: the source colour alone)
     readout_colour_residual: bool
     readout_view_blend: bool  # the source colour weighted over the views by learned scores (SourceViewBlend)
+    # the source colour weighted over the views by their angle to the target ray (0: plain mean; angle_weights)
+    readout_view_angle_weighting: float
     compat: str  # one of COMPAT_MODES
     encoder: EncoderSettings
 
@@ -131,6 +133,18 @@ class NetSettings:
                 f"{key}.readout_view_blend: weighs the source colour of the read-out, which is off "
                 f"(set {key}.readout_source_colour=true, or {key}.readout_view_blend=false)"
             )
+        angle_key = f"{key}.readout_view_angle_weighting"
+        check_number(self.readout_view_angle_weighting, angle_key, 0, None, low_open=False)
+        if self.readout_view_angle_weighting and not self.readout_source_colour:
+            raise UserError(
+                f"{angle_key}: weighs the source colour of the read-out, which is off "
+                f"(set {key}.readout_source_colour=true, or {angle_key}=0)"
+            )
+        if self.readout_view_angle_weighting and self.readout_view_blend:
+            raise UserError(
+                f"{angle_key}: {key}.readout_view_blend already weighs the source views "
+                f"(set {angle_key}=0, or {key}.readout_view_blend=false)"
+            )
         if self.gnt_compatible:
             self._check_gnt_compat(key)
 
@@ -150,6 +164,7 @@ class NetSettings:
             "readout_source_colour": (self.readout_source_colour, False),
             "readout_colour_residual": (self.readout_colour_residual, True),
             "readout_view_blend": (self.readout_view_blend, False),
+            "readout_view_angle_weighting": (self.readout_view_angle_weighting, 0.0),
         }
         for name, (value, gnt_value) in gnt_values.items():
             if value != gnt_value:
