@@ -17,8 +17,8 @@ renders it for every (levels, weight, features) through the model's own gather, 
 (without the transformer, which an untrained read-out ignores), so a prior is chosen by measurement.
 
 Key=value arguments are config overrides (scene, factor, source views, samples; experiment=quick's by
-default); each finished test view is said on stderr, then the table is printed; `--out` also writes
-its rows as JSON.
+default); each finished test view is said on stderr, then the table is printed (with the depth's
+abs-rel error where the scene has an exact depth, the demo scene's); `--out` also writes its rows as JSON.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ import torch
 
 from pola_gnt.core.errors import UserError, exit_on_user_error
 from pola_gnt.data.datamodule import eval_source_ids
-from pola_gnt.data.scene_loading import load_scene
-from pola_gnt.evaluation.scoring import build_image_metrics
+from pola_gnt.data.scene_loading import exact_depth_source, load_scene
+from pola_gnt.evaluation.scoring import ViewScorer, build_image_metrics
 from pola_gnt.geometry.rays import Rays, pixel_grid, pixel_rays, points_along_rays
 from pola_gnt.model.backbone import ConsistencyFeatures
 from pola_gnt.model.gnt import (
@@ -118,6 +118,8 @@ def sweep(
         )
     scene = load_scene(settings.scene, settings.data)
     metrics = build_image_metrics(settings.metrics)
+    # Depth errors where the scene has an exact depth (the demo scene), as `eval` scores them.
+    scorer = ViewScorer(scene, metrics, "standard", exact_depth_source(settings.scene, scene))
     sampler = DepthSampler(settings.render.n_samples)
     height, width = scene.resolution
     images = scene.images.permute(0, 3, 1, 2)  # [views, 3, H, W]
@@ -127,10 +129,10 @@ def sweep(
         unused = torch.zeros(len(ids), 1, height, width)  # encoder features: the statistics do not read them
         sources = SourceViews(images[ids], unused, scene.cameras.c2w[ids], scene.cameras.intrinsics[ids])
         rays = pixel_rays(scene.cameras.c2w[view], scene.cameras.intrinsics[view], pixel_grid(height, width))
-        chunks: dict[tuple[int, float, float], list[torch.Tensor]] = {}
+        chunks: dict[tuple[int, float, float], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for start in range(0, len(rays), CHUNK_RAYS):
             chunk = rays[start : start + CHUNK_RAYS]
-            for key, (rgb, _) in prior_renders(
+            for key, (rgb, depth) in prior_renders(
                 chunk,
                 sampler(chunk, scene.depth_range),
                 sources,
@@ -140,11 +142,15 @@ def sweep(
                 extractor,
                 settings.model.net.readout_view_angle_weighting,
             ).items():
-                chunks.setdefault(key, []).append(rgb)
+                chunks.setdefault(key, []).append((rgb, depth))
         gt = scene.images[view]
         for key, parts in chunks.items():
-            image = torch.cat(parts).reshape(height, width, 3).clamp(0.0, 1.0)
-            scores.setdefault(key, []).append(metrics(image, gt))
+            image = torch.cat([rgb for rgb, _ in parts]).reshape(height, width, 3).clamp(0.0, 1.0)
+            view_scores = metrics(image, gt)
+            if scorer.exact_depth is not None:
+                depth = torch.cat([depth for _, depth in parts]).reshape(height, width)
+                view_scores["depth_abs_rel"] = scorer.depth_scores(view, depth)[0]["depth_abs_rel"]
+            scores.setdefault(key, []).append(view_scores)
         print(f"view {scene.image_names[view]} done", file=sys.stderr, flush=True)
     rows = []
     for (level_count, weight, feature_weight), per_view in scores.items():

@@ -733,11 +733,12 @@ def test_depth_sampler_jitters_within_the_bins_from_a_seed_and_is_fixed_without_
     assert bool((jittered.diff(dim=-1) > 0).all())  # still ordered near to far
 
 
-@pytest.mark.parametrize("levels", [1, 3])
-def test_the_prior_sweep_renders_what_an_untrained_network_renders(levels):
+@pytest.mark.parametrize(("levels", "angle_weighting"), [(1, 0.0), (3, 0.25)])
+def test_the_prior_sweep_renders_what_an_untrained_network_renders(levels, angle_weighting):
     """`scripts/sweep_consistency_prior.py` skips the transformer: an untrained network's read-out
     ignores it (its score and colour layers start at zero), so the script's colour and depth for each
-    (levels, weight) equal the network's own with those settings, for both models."""
+    (levels, weight) equal the network's own with those settings (the views' angle weighting too),
+    for both models."""
     from helpers import load_script
 
     sweep = load_script("sweep_consistency_prior")
@@ -745,7 +746,9 @@ def test_the_prior_sweep_renders_what_an_untrained_network_renders(levels):
     rays = target_rays([(16.0, 12.0), (10.0, 8.0), (1.0, 1.0), (30.0, 20.0)])
     depths = torch.linspace(1.0, 6.0, 12).expand(4, 12)
     with torch.no_grad():
-        renders = sweep.prior_renders(rays, depths, sources, [levels], [40.0, 160.0])
+        renders = sweep.prior_renders(
+            rays, depths, sources, [levels], [40.0, 160.0], view_angle_weighting=angle_weighting
+        )
         for kind in MODEL_KINDS:
             for weight in (40.0, 160.0):
                 settings = replace(
@@ -753,6 +756,7 @@ def test_the_prior_sweep_renders_what_an_untrained_network_renders(levels):
                     readout_consistency_prior=weight,
                     readout_consistency_levels=levels,
                     readout_source_colour=True,
+                    readout_view_angle_weighting=angle_weighting,
                 )
                 expected = GNT(settings).eval()(rays, depths, sources)
                 rgb, depth = renders[levels, weight, 0.0]
