@@ -164,9 +164,10 @@ def sweep(
 
 def format_rows(rows: list[dict]) -> str:
     names = [name for name in rows[0] if name not in ("levels", "weight", "features")]
-    lines = ["levels  weight  features  " + "  ".join(f"{name:>7s}" for name in names)]
+    widths = [max(7, len(name)) for name in names]
+    lines = ["levels  weight  features  " + "  ".join(f"{name:>{w}s}" for name, w in zip(names, widths))]
     for row in rows:
-        values = "  ".join("      -" if row[n] is None else f"{row[n]:7.3f}" for n in names)
+        values = "  ".join(f"{'-':>{w}s}" if row[n] is None else f"{row[n]:{w}.3f}" for n, w in zip(names, widths))
         lines.append(f"{row['levels']:6d}  {row['weight']:6.0f}  {row['features']:8.2f}  {values}")
     return "\n".join(lines)
 
