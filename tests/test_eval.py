@@ -143,6 +143,29 @@ def test_run_config_refuses_another_network(tiny_runs, overrides, fragment):
     assert fragment in str(error.value)
 
 
+def test_a_checkpoint_renders_under_another_weightless_read_out_setting(tiny_runs):
+    """The views' angle weighting and the number of feature directions have no parameters: a trained
+    checkpoint evaluates under the values the command line gives (not the stored ones), and a value
+    the checkpoint's network cannot take is still one error line."""
+    checkpoint = last_checkpoint(tiny_runs["pola_gnt"])
+    stored = stored_run_config(read_checkpoint(checkpoint), checkpoint)
+    assert (stored.model.net.readout_view_angle_weighting, stored.model.net.readout_consistency_feature_dims) == (0, 0)
+    changed = _run_config(
+        checkpoint, "model.net.readout_view_angle_weighting=0.25", "model.net.readout_consistency_feature_dims=16"
+    )
+    assert changed.model.net.readout_view_angle_weighting == 0.25
+    assert changed.model.net.readout_consistency_feature_dims == 16
+    trained = trained_run_config(
+        compose_config(f"ckpt_path={checkpoint}", "model.net.readout_view_angle_weighting=0.25"),
+        checkpoint.parent,
+        [f"ckpt_path={checkpoint}", "model.net.readout_view_angle_weighting=0.25"],
+    )
+    assert trained.settings.model.net.readout_view_angle_weighting == 0.25
+    bad = [f"ckpt_path={checkpoint}", "model.net.readout_view_angle_weighting=-1"]
+    with pytest.raises(UserError, match="model.net.readout_view_angle_weighting"):
+        trained_run_config(compose_config(*bad), checkpoint.parent, bad)
+
+
 def test_bad_checkpoints_are_one_error_line(tiny_runs, tmp_path):
     pola_checkpoint = last_checkpoint(tiny_runs["pola_gnt"])
     result = run_in_process("eval", "model=gnt", f"ckpt_path={pola_checkpoint}", f"hydra.run.dir={tmp_path / 'other'}")

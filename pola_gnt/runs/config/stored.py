@@ -75,15 +75,16 @@ def stored_run_config(checkpoint: dict, path: Path) -> DictConfig:
     return OmegaConf.create(stored_config_dict(checkpoint, path))
 
 
-# Network keys that shape training only, not the weights: a checkpoint evaluates, resumes and fine-tunes
-# under another value.
-TRAINING_ONLY_NET_KEYS = ("dropout",)
+# Network keys no weight depends on: a checkpoint evaluates, resumes and fine-tunes under another value.
+# Dropout shapes training only; the views' angle weighting and the number of feature directions are
+# choices of how the same weights render (no parameters of their own), e.g. on a scene the model never saw.
+WEIGHTLESS_NET_KEYS = ("dropout", "readout_view_angle_weighting", "readout_consistency_feature_dims")
 # Keys under model.net that are the machine's (COMMAND_SECTIONS), not the network's: never compared.
 MACHINE_NET_KEYS = ("encoder.feature_cache_mb",)
 
 
 def _network(node) -> dict:
-    ignored = (*IGNORED_KEYS, *TRAINING_ONLY_NET_KEYS)
+    ignored = (*IGNORED_KEYS, *WEIGHTLESS_NET_KEYS)
     network = {k: v for k, v in container_dict(node).items() if k not in ignored}
     for key in MACHINE_NET_KEYS:
         section, _, leaf = key.rpartition(".")
