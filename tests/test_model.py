@@ -675,6 +675,51 @@ def test_the_angle_weighted_source_colour_is_the_nearest_views_as_the_temperatur
         assert "\n" not in str(err.value)
 
 
+def test_bounded_scores_refine_the_prior_and_never_leave_the_bound():
+    """`readout_score_bound` B: the learned scores enter as B tanh(score / B), against a float64
+    reference. However large the learned scores, two samples' pooling weights differ from the prior's
+    ratio by at most exp(2B); small scores pass unchanged (training starts alike); B = 0 is the
+    unbounded read-out."""
+    from pola_gnt.model.gnt import PooledReadout
+
+    torch.manual_seed(0)
+    width, bound, prior = 8, 1.5, 40.0
+    tokens = torch.randn(3, 12, width)
+    seen = torch.ones(3, 12, dtype=torch.bool)
+    seen[1, :4] = False
+    depths = torch.linspace(1.0, 4.0, 12).expand(3, 12)
+    colours = (torch.rand(3, 12, 3), torch.rand(3, 12) * 0.3)
+    bounded = PooledReadout(width, prior, source_colour=True, colour_residual=False, score_bound=bound)
+    unbounded = PooledReadout(width, prior, source_colour=True, colour_residual=False)
+    prior_only = PooledReadout(width, prior, source_colour=True, colour_residual=False)
+    with torch.no_grad():
+        bounded.score.weight.normal_(std=30.0)  # trained scores far beyond the bound
+        unbounded.load_state_dict(bounded.state_dict())
+        out = bounded(tokens, seen, depths, colours)
+        free = unbounded(tokens, seen, depths, colours)
+        base = prior_only(tokens, seen, depths, colours)
+
+        learned = bounded.score(bounded.norm(tokens))[..., 0].double()
+        reference = bound * torch.tanh(learned / bound) - prior * colours[1].double()
+        expected = torch.softmax(reference.masked_fill(~seen, float("-inf")), dim=-1)
+    torch.testing.assert_close(out.weights.double(), expected, rtol=1e-5, atol=1e-6)
+    assert (out.weights[~seen] == 0).all()
+    for ray in range(3):  # log-weights against the prior alone's: moved alike up to 2B
+        ray_shift = (out.weights[ray].log() - base.weights[ray].log())[seen[ray]]
+        assert ray_shift.max() - ray_shift.min() <= 2 * bound + 1e-4
+    assert (free.weights - out.weights).abs().max() > 0.1  # the unbounded scores do move the pooling further
+    with torch.no_grad():
+        bounded.score.weight.mul_(1e-4)  # near zero: tanh's slope 1
+        unbounded.load_state_dict(bounded.state_dict())
+        torch.testing.assert_close(
+            bounded(tokens, seen, depths, colours).weights, unbounded(tokens, seen, depths, colours).weights
+        )
+    settings = replace(tiny_model("pola_gnt").settings, readout_score_bound=-1.0)
+    with pytest.raises(UserError, match="readout_score_bound") as err:
+        settings.check("model.net")
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("kind", MODEL_KINDS)
 def test_without_the_colour_residual_the_colour_is_the_pooled_source_colour(kind):
     """`readout_colour_residual=false`: no learned colour layer; each ray's colour is the source views'

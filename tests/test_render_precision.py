@@ -133,6 +133,13 @@ READOUTS = {
         "readout_consistency_levels": 4,
         "readout_view_angle_weighting": 0.25,
     },
+    "score_bound": {
+        "readout_consistency_prior": 160.0,
+        "readout_consistency_levels": 4,
+        "readout_view_angle_weighting": 0.25,
+        "readout_colour_residual": False,
+        "readout_score_bound": 0.05,  # below the perturbed scores' size: the bound is active
+    },
     "consistency_feature_dims": {
         "readout_consistency_prior": 160.0,
         "readout_consistency_levels": 4,
@@ -159,7 +166,7 @@ def test_the_moved_computations_equal_the_network_in_fp32(kind, readout, request
     fusion layer: each the same function as the GNT's forward, to 1e-5 (rounding only); with each
     read-out (the quick preset's, GNT's, the source colour blended over the views, the prior's spread
     over 4 blur levels, the source colour without the learned residual, the source colour weighted by
-    the views' angles, the feature consistency)."""
+    the views' angles, the feature consistency, the learned scores bounded)."""
     net = _net(kind, **_readout(request, readout))
     sources, rays, depths = _rig(net)
     with torch.inference_mode():

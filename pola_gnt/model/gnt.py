@@ -436,6 +436,11 @@ class PooledReadout(nn.Module):
     the scene from the first steps. 0 turns it off (GNT's start: uniform weights). A fixed weight,
     not a parameter.
 
+    A positive `score_bound` B bounds the learned scores to (-B, B) as `B tanh(score / B)` (the score
+    itself near 0, so training starts alike): with the prior on, the learned part can only reorder
+    samples whose spreads lie within about B / prior of each other, i.e. refine the prior's choice
+    near a surface, never move it to a sample the views disagree about. 0: unbounded.
+
     With `source_colour`, the colour is the pooled mean of the source views' colours plus the
     learned colour of the pooled token, whose layer starts at zero: training starts from the
     image-based render at the pooled depth (sharp where the depth is right, like IBRNet's blending)
@@ -443,7 +448,12 @@ class PooledReadout(nn.Module):
     every colour through the transformer (GNT: the learned colour alone)."""
 
     def __init__(
-        self, width: int, consistency_prior: float = 0.0, source_colour: bool = False, colour_residual: bool = True
+        self,
+        width: int,
+        consistency_prior: float = 0.0,
+        source_colour: bool = False,
+        colour_residual: bool = True,
+        score_bound: float = 0.0,
     ):
         super().__init__()
         if not (colour_residual or source_colour):
@@ -454,6 +464,7 @@ class PooledReadout(nn.Module):
         self.to_rgb = nn.Linear(width, 3) if colour_residual else None
         self.consistency_prior = consistency_prior
         self.source_colour = source_colour
+        self.score_bound = score_bound
         # Zero scores = uniform weights (without the prior): training starts from GNT's mean over samples.
         nn.init.zeros_(self.score.weight)
         nn.init.zeros_(self.score.bias)
@@ -479,6 +490,8 @@ class PooledReadout(nn.Module):
             raise ValueError("PooledReadout: a consistency prior or source colours need the source colour statistics")
         tokens = self.norm(tokens)
         scores = self.score(tokens)[..., 0].float()  # [rays, samples]; softmax in fp32
+        if self.score_bound:
+            scores = self.score_bound * torch.tanh(scores / self.score_bound)
         if self.consistency_prior and source_colours is not None:
             scores = scores - self.consistency_prior * source_colours[1].float()
         # Rays that no source view sees anywhere get uniform weights over all samples (finite output).
@@ -537,6 +550,7 @@ class GNT(nn.Module):
             settings.readout_consistency_prior,
             settings.readout_source_colour,
             settings.readout_colour_residual,
+            settings.readout_score_bound,
         )
         self.view_blend = SourceViewBlend(width) if settings.readout_view_blend else None
         self.consistency_features = (

@@ -71,6 +71,8 @@ class NetSettings:
     dropout: float  # GNT's dropout rate in the transformer blocks while training (model.transformer)
     encoder_input_scale: float  # the encoder sees the sources at this fraction of their size
     readout_consistency_prior: float
+    # the learned pooling scores bounded to (-this, this) by a tanh (0: unbounded; PooledReadout)
+    readout_score_bound: float
     # the prior's colour spread measured on this many levels of a blur pyramid (1: the pixels' alone)
     readout_consistency_levels: int
     # ... plus this times the spread of AlexNet's unit-length features over the views (0: off; ConsistencyFeatures)
@@ -106,6 +108,7 @@ class NetSettings:
         check_number(self.dropout, f"{key}.dropout", 0, 1, low_open=False, high_open=True)
         check_number(self.encoder_input_scale, f"{key}.encoder_input_scale", 0, 1)
         check_number(self.readout_consistency_prior, f"{key}.readout_consistency_prior", 0, None, low_open=False)
+        check_number(self.readout_score_bound, f"{key}.readout_score_bound", 0, None, low_open=False)
         check_int(self.readout_consistency_levels, f"{key}.readout_consistency_levels", 1, 6)
         if self.readout_consistency_levels > 1 and not self.readout_consistency_prior:
             raise UserError(
@@ -160,6 +163,7 @@ class NetSettings:
             "ray_attention": (self.ray_attention, "softmax"),
             "readout_consistency_prior": (self.readout_consistency_prior, 0.0),
             "readout_consistency_levels": (self.readout_consistency_levels, 1),
+            "readout_score_bound": (self.readout_score_bound, 0.0),
             "readout_consistency_features": (self.readout_consistency_features, 0.0),
             "readout_source_colour": (self.readout_source_colour, False),
             "readout_colour_residual": (self.readout_colour_residual, True),
