@@ -37,16 +37,17 @@ from omegaconf import DictConfig
 
 from pola_gnt.runs.config.app import announce, check_finetuning, entry_point, task_overrides
 from pola_gnt.runs.config.read import read_run_settings
-from pola_gnt.runs.config.stored import checkpoint_to_resume, container_dict
+from pola_gnt.runs.config.stored import checkpoint_to_resume, container_dict, inherit_initial_network
 from pola_gnt.runs.training import train
 
 
 @entry_point
 def main(cfg: DictConfig) -> None:
     announce(cfg)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    inherit_initial_network(cfg, task_overrides(), run_dir)  # fine-tuning: the checkpoint's network
     settings = read_run_settings(cfg)  # every value checked before any work
     check_finetuning(settings)
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
     train(settings, container_dict(cfg), run_dir, checkpoint_to_resume(cfg, run_dir), task_overrides())
 
 

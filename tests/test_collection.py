@@ -446,6 +446,30 @@ def test_finetuning_starts_from_the_weights_only(pretrained_run, tmp_path):
     assert tuned["global_step"] == 2  # not the pretraining's 6: weights only
 
 
+def test_finetuning_inherits_the_checkpoint_network_and_views(pretrained_run, tmp_path):
+    """`experiment=finetune init_from=CKPT` needs none of the checkpoint's network keys: the network and
+    the source views are the checkpoint's (the preset's quick width and 4 views would refuse or differ),
+    and a key the command line gives is kept (a weightless one here: the scores' bound lifted)."""
+    checkpoint = pretrained_run / "checkpoints" / "last.ckpt"
+    not_network = [o for o in TINY_OVERRIDES if not o.startswith(("model.net.", "data.num_source_views"))]
+    result = run_in_process(
+        "train",
+        "experiment=finetune",
+        *not_network,
+        f"init_from={checkpoint}",
+        "model.net.readout_score_bound=0.5",
+        "trainer.max_steps=1",
+        "trainer.val_check_interval=1",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    pretrained = read_checkpoint(checkpoint)["hyper_parameters"]["config"]
+    tuned = read_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["hyper_parameters"]["config"]
+    assert tuned["data"]["num_source_views"] == pretrained["data"]["num_source_views"] == 3
+    assert tuned["model"]["net"]["readout_score_bound"] == 0.5
+    assert {**tuned["model"]["net"], "readout_score_bound": 0.0} == pretrained["model"]["net"]
+
+
 def test_finetuning_loads_exactly_the_checkpoint_weights(pretrained_run):
     from helpers import system_of
 

@@ -78,7 +78,14 @@ def stored_run_config(checkpoint: dict, path: Path) -> DictConfig:
 # Network keys no weight depends on: a checkpoint evaluates, resumes and fine-tunes under another value.
 # Dropout shapes training only; the views' angle weighting and the number of feature directions are
 # choices of how the same weights render (no parameters of their own), e.g. on a scene the model never saw.
-WEIGHTLESS_NET_KEYS = ("dropout", "readout_view_angle_weighting", "readout_consistency_feature_dims")
+# The learned scores' bound has no parameters either: a fine-tuning run may lift it (0) to let the scores
+# leave the prior where one scene's views call for it.
+WEIGHTLESS_NET_KEYS = (
+    "dropout",
+    "readout_view_angle_weighting",
+    "readout_consistency_feature_dims",
+    "readout_score_bound",
+)
 # Keys under model.net that are the machine's (COMMAND_SECTIONS), not the network's: never compared.
 MACHINE_NET_KEYS = ("encoder.feature_cache_mb",)
 
@@ -258,6 +265,41 @@ def checkpoint_to_resume(cfg: DictConfig, run_dir: Path) -> ResumePoint | None:
     checkpoint = read_checkpoint(path)
     check_compatible(path, cfg, completed_run_config(stored_run_config(checkpoint, path), cfg))
     return ResumePoint(path=path, step=int(checkpoint.get("global_step", 0)))
+
+
+# What a fine-tuning run takes from the checkpoint it starts from, unless the command line sets it: the
+# network (its weights' shapes and how they render) and the source views it was trained to read.
+INHERITED_BY_FINETUNING = ("model.net", "data.num_source_views")
+
+
+def inherit_initial_network(cfg: DictConfig, overrides: Sequence[str], run_dir: Path) -> None:
+    """Fine-tuning continues a network: set `cfg`'s `INHERITED_BY_FINETUNING` keys to the stored run
+    config of the checkpoint `cfg.init_from` names, except the keys the command line (`overrides`)
+    sets, which keep the user's value and are checked against the weights when they load. Without
+    `init_from`, nothing changes. So `experiment=finetune init_from=pretrained:NAME` fine-tunes a
+    shipped checkpoint of any recipe without its network's keys being repeated."""
+    path = resolve_checkpoint(cfg.get("init_from"), run_dir, key="init_from")
+    if path is None:
+        return
+    stored = completed_run_config(stored_run_config(read_checkpoint(path), path), cfg)
+    _, typed = command_line_keys(overrides, CONFIG_DIR)
+    machine = {f"model.net.{key}" for key in MACHINE_NET_KEYS}
+
+    def set_by_user(key: str) -> bool:
+        return any(key == given or key.startswith(f"{given}.") for given in typed)
+
+    def leaves(node: Any, prefix: str) -> list[str]:
+        if isinstance(node, DictConfig) and len(node):
+            return [leaf for k in node for leaf in leaves(node[k], f"{prefix}.{k}")]
+        return [prefix]
+
+    for section in INHERITED_BY_FINETUNING:
+        node = OmegaConf.select(stored, section, default=None)
+        if node is None:
+            continue
+        for key in leaves(node, section):
+            if key not in machine and not set_by_user(key):
+                _copy_key(stored, cfg, key)
 
 
 @dataclass(frozen=True)
