@@ -4,6 +4,8 @@ fern to the zero-shot metrics the manifest records."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -22,6 +24,7 @@ from pola_gnt.core.files import file_sha256
 from pola_gnt.core.paths import pretrained_dir
 from pola_gnt.interop.pretrained import MAX_BYTES, read_manifest
 from pola_gnt.runs.checkpoints import pretrained_checkpoint, read_checkpoint
+from pola_gnt.runs.config.stored import container_dict, inherit_initial_network
 
 SHIPPED = ("pola_gnt", "gnt")
 
@@ -38,6 +41,20 @@ def test_both_models_are_shipped_and_match_their_manifest():
         assert checkpoint["global_step"] == entry["global_step"] and "optimizer_states" not in checkpoint
         assert entry["command"].startswith("python -m pola_gnt.train experiment=pretrain")
         assert "fern" not in entry["training_scenes"] and entry["zero_shot"]["fern"]["mode"] == "zero-shot"
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_finetuning_a_shipped_checkpoint_takes_its_network_and_views(name):
+    """`experiment=finetune init_from=pretrained:NAME`: the network and the source views are the
+    checkpoint's, but for what the finetune preset itself sets (the learned scores' bound lifted)."""
+    overrides = ["experiment=finetune", "scene=fern", f"model={name}", f"init_from=pretrained:{name}"]
+    cfg = compose_config(*overrides)
+    inherit_initial_network(cfg, overrides, Path("."))
+    stored = read_checkpoint(pretrained_checkpoint(f"pretrained:{name}"))["hyper_parameters"]["config"]
+    assert cfg.data.num_source_views == stored["data"]["num_source_views"]
+    network = container_dict(cfg.model.net)
+    assert network["readout_score_bound"] == 0.0
+    assert network == {**stored["model"]["net"], "readout_score_bound": 0.0}
 
 
 def test_an_unknown_shipped_name_is_one_error_line(tmp_path):

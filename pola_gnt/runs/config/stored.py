@@ -275,14 +275,17 @@ INHERITED_BY_FINETUNING = ("model.net", "data.num_source_views")
 def inherit_initial_network(cfg: DictConfig, overrides: Sequence[str], run_dir: Path) -> None:
     """Fine-tuning continues a network: set `cfg`'s `INHERITED_BY_FINETUNING` keys to the stored run
     config of the checkpoint `cfg.init_from` names, except the keys the command line (`overrides`)
-    sets, which keep the user's value and are checked against the weights when they load. Without
-    `init_from`, nothing changes. So `experiment=finetune init_from=pretrained:NAME` fine-tunes a
-    shipped checkpoint of any recipe without its network's keys being repeated."""
+    sets, itself or through the experiment file it names (`experiment=finetune`'s own keys, not those
+    of the presets it builds on): they keep their value and are checked against the weights when they
+    load. Without `init_from`, nothing changes. So `experiment=finetune init_from=pretrained:NAME`
+    fine-tunes a shipped checkpoint of any recipe without its network's keys being repeated."""
     path = resolve_checkpoint(cfg.get("init_from"), run_dir, key="init_from")
     if path is None:
         return
     stored = completed_run_config(stored_run_config(read_checkpoint(path), path), cfg)
-    _, typed = command_line_keys(overrides, CONFIG_DIR)
+    chosen, typed = command_line_keys(overrides, CONFIG_DIR)
+    if "experiment" in chosen:
+        typed += option_keys(CONFIG_DIR, "experiment", chosen["experiment"])
     machine = {f"model.net.{key}" for key in MACHINE_NET_KEYS}
 
     def set_by_user(key: str) -> bool:
