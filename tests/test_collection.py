@@ -337,9 +337,9 @@ CPU_MIX_DRAWS = [
 
 
 def test_existing_collections_draw_and_load_as_before(llff_root):
-    """cpu_mix (the shipped checkpoints' recipe; its folders have no `kind`: auto, all LLFF) draws the
-    same scenes as before and loads them as before; the generated collections list the same scenes."""
-    settings = read_run_settings(compose_config("experiment=pretrain", f"data.root={llff_root}"))
+    """cpu_mix (the first shipped checkpoints' collection; its folders have no `kind`: auto, all LLFF) draws
+    the same scenes as before and loads them as before; the generated collections list the same scenes."""
+    settings = read_run_settings(compose_config("experiment=pretrain", "collection=cpu_mix", f"data.root={llff_root}"))
     assert settings.collection is not None and settings.collection.name == "cpu_mix"
     assert [folder.kind for folder in settings.collection.folders] == ["auto"] * 5
     groups = collection_groups(settings.collection, llff_root)
@@ -366,9 +366,11 @@ def test_existing_collections_draw_and_load_as_before(llff_root):
 
 
 def test_real_all_holds_every_real_scene_but_fern_and_room(llff_root):
-    """collection=real_all: fortress, the 13 captures, lego and chair (Blender) and cpu_mix's generated
-    family; fern and room, the held-out scenes, are not in it. Every folder is where it says, of its kind."""
-    settings = read_run_settings(compose_config("experiment=pretrain", "collection=real_all", f"data.root={llff_root}"))
+    """experiment=pretrain's collection, real_all: fortress, the 13 captures, lego and chair (Blender) and
+    cpu_mix's generated family (at weight 6); fern and room, the held-out scenes, are not in it. Every
+    folder is where it says, of its kind."""
+    settings = read_run_settings(compose_config("experiment=pretrain", f"data.root={llff_root}"))
+    assert settings.collection is not None and settings.collection.name == "real_all"
     assert settings.collection is not None
     groups = collection_groups(settings.collection, data_root(settings.data))
     real = {g.scenes[0].name: g.scenes[0].kind for g in groups if len(g.scenes) == 1}
@@ -376,7 +378,7 @@ def test_real_all_holds_every_real_scene_but_fern_and_room(llff_root):
     assert {name for name, kind in real.items() if kind == "blender"} == {"lego", "chair"}
     assert {"fortress", "canclip", "ollie", "dtu_scan24", "dtu_scan65", "bird_figurine"} <= set(real)
     family = settings.collection.procedural
-    assert family is not None and (family.seed, family.count, family.weight) == (0, 40, 2.0)
+    assert family is not None and (family.seed, family.count, family.weight) == (0, 40, 6.0)
 
 
 RESUME_OVERRIDES = ["seed=3", "trainer.max_steps=6", "trainer.val_check_interval=3"]
