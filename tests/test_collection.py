@@ -371,7 +371,6 @@ def test_real_all_holds_every_real_scene_but_fern_and_room(llff_root):
     folder is where it says, of its kind."""
     settings = read_run_settings(compose_config("experiment=pretrain", f"data.root={llff_root}"))
     assert settings.collection is not None and settings.collection.name == "real_all"
-    assert settings.collection is not None
     groups = collection_groups(settings.collection, data_root(settings.data))
     real = {g.scenes[0].name: g.scenes[0].kind for g in groups if len(g.scenes) == 1}
     assert len(real) == 16 and "fern" not in real and "room" not in real

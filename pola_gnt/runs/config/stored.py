@@ -161,15 +161,17 @@ def option_keys(config_dir: Path, group: str, option: str) -> list[str]:
         return [group]
     content = container_dict(OmegaConf.load(file), resolve=False)
     content.pop("defaults", None)
+    return leaf_keys(content)
 
-    def leaves(node: dict, prefix: str) -> list[str]:
-        paths = []
-        for key, value in node.items():
-            path = f"{prefix}{key}"
-            paths += leaves(value, f"{path}.") if isinstance(value, dict) and value else [path]
-        return paths
 
-    return leaves(content, "")
+def leaf_keys(node: dict, prefix: str = "") -> list[str]:
+    """The dotted keys of a plain nested mapping's leaves (`{"a": {"b": 1}}` -> `["a.b"]`), each after
+    `prefix`; an empty mapping and a list are leaves."""
+    paths = []
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        paths += leaf_keys(value, f"{path}.") if isinstance(value, dict) and value else [path]
+    return paths
 
 
 def _copy_key(source: DictConfig, target: DictConfig, key: str) -> None:
@@ -291,16 +293,12 @@ def inherit_initial_network(cfg: DictConfig, overrides: Sequence[str], run_dir: 
     def set_by_user(key: str) -> bool:
         return any(key == given or key.startswith(f"{given}.") for given in typed)
 
-    def leaves(node: Any, prefix: str) -> list[str]:
-        if isinstance(node, DictConfig) and len(node):
-            return [leaf for k in node for leaf in leaves(node[k], f"{prefix}.{k}")]
-        return [prefix]
-
     for section in INHERITED_BY_FINETUNING:
         node = OmegaConf.select(stored, section, default=None)
         if node is None:
             continue
-        for key in leaves(node, section):
+        keys = leaf_keys(container_dict(node), f"{section}.") if isinstance(node, DictConfig) else [section]
+        for key in keys:
             if key not in machine and not set_by_user(key):
                 _copy_key(stored, cfg, key)
 
