@@ -265,6 +265,34 @@ def test_training_names_its_sources_but_not_cropped_ones(lpips_alex_weights):
     assert not any(isinstance(m, FrozenFeatureCache) for m in system.modules())
 
 
+def test_training_keeps_the_consistency_features_of_its_sources(lpips_alex_weights):
+    """The read-out's consistency features are frozen convs too: a network with them gets the cache
+    whatever its encoder, and its training steps render what a system without the cache renders."""
+    cfg = compose_config(
+        "model=pola_gnt",
+        *TINY_OVERRIDES,
+        f"model.net.encoder.backbone_weights={lpips_alex_weights}",
+        "model.net.readout_consistency_prior=40",
+        "model.net.readout_consistency_features=0.3",
+        "model.net.readout_consistency_feature_dims=16",
+    )
+    settings = read_run_settings(cfg)
+    torch.manual_seed(0)
+    system = system_of(cfg)
+    assert system.feature_cache is not None and not isinstance(system.net.encoder, AlexNetEncoder)
+    cfg.model.net.encoder.feature_cache_mb = 0
+    uncached = system_of(cfg)
+    assert uncached.feature_cache is None
+    uncached.load_state_dict(system.state_dict())
+    scene = load_scene(settings.scene, settings.data)
+    steps = TrainSteps(scene, settings.data, n_steps=3, seed=0, rank=0)
+    for step in (0, 1, 0):  # the third draws the first's sources again: all kept
+        batch = steps[step].targets[0]
+        assert torch.equal(system.render_batch(batch).rgb, uncached.render_batch(batch).rgb)
+    cache = system.feature_cache
+    assert cache.hits >= settings.data.num_source_views and all(key[0] == "consistency" for key in cache.entries)
+
+
 def test_the_cache_size_is_the_machines_not_the_checkpoints(tmp_path):
     """A checkpoint resumes, evaluates and fine-tunes under another cache size; the network's keys still count."""
     stored = compose_config("model.net.encoder.backbone=alexnet", "model.net.encoder.feature_cache_mb=0")

@@ -16,7 +16,14 @@ from test_model import MODEL_KINDS, TINY_ENCODER, make_sources, square_rig, targ
 from pola_gnt.core.errors import UserError
 from pola_gnt.geometry.rays import pixel_rays
 from pola_gnt.model import GNT, SourceViews
-from pola_gnt.model.backbone import ConsistencyFeatures, principal_directions, weights_from_checkpoint
+from pola_gnt.model.backbone import (
+    ConsistencyFeatures,
+    directions_from_moments,
+    feature_moments,
+    principal_directions,
+    weights_from_checkpoint,
+)
+from pola_gnt.model.feature_cache import FrozenFeatureCache
 from pola_gnt.model.gnt import GatheredSamples, feature_spread, gather_source_samples, source_colour_statistics
 
 
@@ -84,6 +91,55 @@ def test_projected_features_are_the_full_features_on_their_principal_directions(
     torch.testing.assert_close(got, torch.einsum("vchw,cd->vdhw", full, principal_directions(full, 16)))
     for dims in (0, 192, 500):
         assert torch.equal(ConsistencyFeatures(2, str(lpips_alex_weights), dims=dims)(image), full)
+
+
+def test_principal_directions_are_the_centred_covariances_eigenvectors():
+    """Against the naive fp64 reference: the covariance of the centred vectors of every view's pixels,
+    `eigh`'s leading eigenvectors. The moments' difference `outer / n - mean mean^T` loses nothing that
+    shows; each direction is signed with its largest entry positive, and a view's moments plus another's
+    are both views' together."""
+    generator = torch.Generator().manual_seed(2)
+    maps = F.normalize(torch.rand(3, 24, 7, 9, generator=generator, dtype=torch.float64) + 0.2, dim=1)
+    flat = maps.transpose(0, 1).flatten(1)
+    centred = flat - flat.mean(dim=1, keepdim=True)
+    values, vectors = torch.linalg.eigh(centred @ centred.T / flat.shape[1])
+    assert float(values[-5] - values[-6]) > 1e-4  # the 5 leading directions are well defined
+    reference = vectors[:, -5:].flip(-1)
+    got = principal_directions(maps, 5)
+    assert got.dtype == torch.float64
+    largest = got.gather(0, got.abs().argmax(dim=0, keepdim=True))
+    assert bool((largest > 0).all())
+    torch.testing.assert_close(got, reference * torch.sign((got * reference).sum(dim=0)), rtol=0, atol=1e-10)
+    together = feature_moments(maps[:2])
+    apart = [feature_moments(maps[:1]), feature_moments(maps[1:2])]
+    torch.testing.assert_close(directions_from_moments([together], 5), directions_from_moments(apart, 5))
+
+
+@pytest.mark.parametrize("dims", [0, 16])
+def test_the_cached_consistency_maps_are_a_fresh_extractions_bit_for_bit(lpips_alex_weights, dims):
+    """Training keeps each source image's unit-length maps and moments (`model.feature_cache`): a step
+    that draws kept images gets what extracting them afresh gives, bit for bit, in any order and mix of
+    kept and new ones; where the cache does not apply (no gradients, eval mode, unnamed images) it is a
+    fresh extraction and keeps nothing."""
+    net = _tiny("pola_gnt", lpips_alex_weights, readout_consistency_feature_dims=dims).train()
+    extractor = net.consistency_features
+    assert extractor is not None and extractor.dims == dims
+    images = torch.rand(4, 3, 67, 91, generator=torch.Generator().manual_seed(3))
+    keys = [("scene", view) for view in range(4)]
+    cache = FrozenFeatureCache(64)
+    for order in ([0, 1, 2], [1, 3, 0, 2], [1, 3, 0, 2], [2]):  # all new, mixed, all kept, one
+        fresh = extractor(images[order])
+        cached = cache.consistency_maps(net, images[order], [keys[i] for i in order])
+        assert cached.dtype == torch.float32 and cached.shape[1] == (dims or 192)
+        assert torch.equal(cached, fresh), order
+    assert (cache.hits, cache.misses) == (3 + 4 + 1, 4) and len(cache.entries) == 4
+    kept = cache.bytes
+    with torch.no_grad():
+        assert torch.equal(cache.consistency_maps(net, images, keys), extractor(images))
+    assert torch.equal(cache.consistency_maps(net, images, None), extractor(images))
+    net.eval()
+    assert torch.equal(cache.consistency_maps(net, images, keys), extractor(images))
+    assert (cache.hits, cache.misses, cache.bytes) == (8, 4, kept)  # none of these touched it
 
 
 def test_feature_spread_is_zero_where_views_agree_and_one_where_they_cannot_tell():

@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import math
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -341,26 +342,93 @@ class ConsistencyFeatures(nn.Module):
     def forward(self, images: Float[Tensor, "views 3 h w"]) -> Float[Tensor, "views channels fh fw"]:
         """Source images in [0, 1] -> unit-length features, fp32, without gradients (whatever autocast
         is around: bf16 would round the matching it is for)."""
-        with torch.no_grad(), torch.autocast(images.device.type, enabled=False):
-            x = (images.float() - self.mean) / self.std
+        per_image = [self.image_features(images[view : view + 1]) for view in range(len(images))]
+        return self.combine(per_image)
+
+    def image_features(self, image: Float[Tensor, "1 3 h w"]) -> ImageFeatures:
+        """One image's unit-length features and their moments, which `combine` takes. Image by image, so
+        that what an image gets does not depend on the batch it came in (CPU convolutions choose their
+        algorithm by batch size, and the last bits with it): training keeps them per source image
+        (`model.feature_cache`), and a kept image's are then a fresh extraction's exactly."""
+        with torch.no_grad(), torch.autocast(image.device.type, enabled=False):
+            x = (image.float() - self.mean) / self.std
             for i, (_, _, _, _, stride, padding) in enumerate(ALEXNET_CONVS[: self.layer]):
                 if i in (1, 2):
                     x = F.max_pool2d(x, 3, 2)
                 x = F.relu(F.conv2d(x, getattr(self, f"weight{i}"), getattr(self, f"bias{i}"), stride, padding))
             x = F.normalize(x, dim=1)
-            if self.dims:
-                x = torch.einsum("vchw,cd->vdhw", x, principal_directions(x, self.dims))
-            return x
+            return ImageFeatures(x, feature_moments(x) if self.dims else None)
+
+    def combine(self, per_image: list[ImageFeatures]) -> Float[Tensor, "views channels fh fw"]:
+        """The views' maps from their `image_features`, projected on the principal directions of all their
+        pixels together (with `dims`)."""
+        maps = torch.cat([image.maps for image in per_image])
+        if not self.dims:
+            return maps
+        moments = [image.moments for image in per_image if image.moments is not None]
+        if len(moments) != len(per_image):
+            raise ValueError("ConsistencyFeatures.combine: projected maps need every image's moments")
+        directions = directions_from_moments(moments, self.dims)
+        with torch.autocast(maps.device.type, enabled=False):
+            return torch.einsum("vchw,cd->vdhw", maps, directions.to(maps.dtype))
+
+
+@dataclass(frozen=True)
+class FeatureMoments:
+    """The sums over a set of feature vectors that their covariance needs, in fp64: how many, their sum
+    and the sum of their outer products. Two sets' moments add up to their union's."""
+
+    count: int
+    total: Float[Tensor, " channels"]
+    outer: Float[Tensor, "channels channels"]
+
+    @property
+    def nbytes(self) -> int:
+        return self.total.nbytes + self.outer.nbytes
+
+
+@dataclass(frozen=True)
+class ImageFeatures:
+    """One image's unit-length feature maps `[1, C, h, w]` (fp32) and, when they are to be projected,
+    their `FeatureMoments`: what `ConsistencyFeatures.combine` needs of the image."""
+
+    maps: Float[Tensor, "1 channels h w"]
+    moments: FeatureMoments | None
+
+    @property
+    def nbytes(self) -> int:
+        return self.maps.nbytes + (self.moments.nbytes if self.moments is not None else 0)
+
+
+def feature_moments(maps: Float[Tensor, "views channels h w"]) -> FeatureMoments:
+    """`FeatureMoments` of every pixel's feature vector of `maps`."""
+    flat = maps.detach().transpose(0, 1).flatten(1).double()  # [channels, pixels]
+    return FeatureMoments(int(flat.shape[1]), flat.sum(dim=1), flat @ flat.T)
+
+
+def directions_from_moments(moments: list[FeatureMoments], dims: int) -> Float[Tensor, "channels dims"]:
+    """The `dims` leading eigenvectors of the covariance of the feature vectors the `moments` sum up, as
+    fp64 columns, largest variance first, each signed so that its largest entry is positive.
+
+    The covariance is `outer / n - mean mean^T`, in fp64 (a 192 x 192 eigenproblem costs nothing next
+    to the reads it saves, and fp32's rounding would make near-equal eigenvalues swap places between
+    machines). Unit vectors have entries at most 1, so the two terms are at most 1 and their difference
+    loses at most fp64's 1e-16 of them: under 1e-13 of the covariance's entries (about 1e-3 here).
+    `eigh` returns each column with either sign; spreads and distances do not depend on it, but a fixed
+    sign makes the projected maps themselves the same wherever they are computed."""
+    count = sum(m.count for m in moments)
+    total = torch.stack([m.total for m in moments]).sum(dim=0)
+    outer = torch.stack([m.outer for m in moments]).sum(dim=0)
+    mean = total / max(count, 1)
+    covariance = outer / max(count, 1) - torch.outer(mean, mean)
+    _, vectors = torch.linalg.eigh(covariance)  # ascending eigenvalues
+    vectors = vectors[:, -dims:].flip(-1)
+    largest = vectors.gather(0, vectors.abs().argmax(dim=0, keepdim=True))  # [1, dims]
+    return vectors * torch.where(largest < 0, -1.0, 1.0)
 
 
 def principal_directions(maps: Float[Tensor, "views channels h w"], dims: int) -> Float[Tensor, "channels dims"]:
-    """The `dims` leading eigenvectors of the covariance of every pixel's feature vector over all the
-    views, as columns, largest variance first. Computed in fp64 (a 192 x 192 eigenproblem costs
-    nothing next to the reads it saves, and fp32's rounding would make near-equal eigenvalues swap
-    places between machines). A column's sign is whatever `eigh` returns: spreads and distances do not
-    depend on it."""
-    flat = maps.detach().transpose(0, 1).flatten(1).double()  # [channels, pixels]
-    centred = flat - flat.mean(dim=1, keepdim=True)
-    covariance = centred @ centred.T / max(centred.shape[1], 1)
-    _, vectors = torch.linalg.eigh(covariance)  # ascending eigenvalues
-    return vectors[:, -dims:].flip(-1).to(maps.dtype)
+    """The `dims` principal directions of every pixel's feature vector over all the views of `maps`
+    (`directions_from_moments`, each view's moments summed as `ConsistencyFeatures.combine` sums them)."""
+    moments = [feature_moments(maps[view : view + 1]) for view in range(len(maps))]
+    return directions_from_moments(moments, dims).to(maps.dtype)

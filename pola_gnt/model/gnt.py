@@ -86,11 +86,15 @@ class SourceViews:
         return self._pyramids[levels]
 
     def consistency_maps(self, extractor: ConsistencyFeatures) -> Float[Tensor, "views channels h w"]:
-        """`extractor(images)` of these views, computed once."""
+        """`extractor(images)` of these views, computed once (or as `keep_consistency_maps` gave them)."""
         key = (extractor.layer, extractor.dims)
         if key not in self._consistency_maps:
             self._consistency_maps[key] = extractor(self.images)
         return self._consistency_maps[key]
+
+    def keep_consistency_maps(self, extractor: ConsistencyFeatures, maps: Float[Tensor, "views channels h w"]) -> None:
+        """Give `consistency_maps` what `extractor(images)` would compute (training's `model.feature_cache`)."""
+        self._consistency_maps[(extractor.layer, extractor.dims)] = maps
 
 
 def colour_pyramid(

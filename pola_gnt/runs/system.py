@@ -61,10 +61,12 @@ class GNTSystem(pl.LightningModule):
         self.settings = settings
         self.config = config
         self.net = GNT(settings.model.net, settings.metrics.lpips_weights)
-        # Training's cache of the frozen AlexNet convs' outputs per source image (None: nothing to
-        # cache, or off); a plain attribute, so in no state dict or checkpoint.
+        # Training's cache of what frozen convs make of each source image, the AlexNet encoder's and the
+        # consistency features' (None: nothing to cache, or off); a plain attribute, so in no state dict
+        # or checkpoint.
         cache_mb = settings.model.net.encoder.feature_cache_mb
         frozen = isinstance(self.net.encoder, AlexNetEncoder) and self.net.encoder.n_frozen > 0
+        frozen = frozen or self.net.consistency_features is not None
         self.feature_cache = FrozenFeatureCache(cache_mb) if frozen and cache_mb > 0 else None
         self.sampler = DepthSampler(settings.render.n_samples)
         if settings.model.compile:
@@ -116,10 +118,15 @@ class GNTSystem(pl.LightningModule):
     def encode_sources(self, sources: SourceBatch) -> SourceViews:
         """The sources encoded: in a training step through the feature cache (when there is one; it
         encodes afresh wherever it does not apply: validation, no gradients, unnamed images)."""
-        if self.feature_cache is None:
+        cache = self.feature_cache
+        if cache is None:
             return self.net.source_views(sources.images, sources.c2w, sources.intrinsics)
-        features = self.feature_cache.encode(self.net, sources.images, sources.image_keys)
-        return SourceViews(images=sources.images, features=features, c2w=sources.c2w, intrinsics=sources.intrinsics)
+        features = cache.encode(self.net, sources.images, sources.image_keys)
+        views = SourceViews(images=sources.images, features=features, c2w=sources.c2w, intrinsics=sources.intrinsics)
+        if self.net.consistency_features is not None:
+            maps = cache.consistency_maps(self.net, sources.images, sources.image_keys)
+            views.keep_consistency_maps(self.net.consistency_features, maps)
+        return views
 
     def on_train_start(self) -> None:
         if self.feature_cache is not None:  # the frozen weights are the ones loaded by now
