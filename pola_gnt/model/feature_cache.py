@@ -122,9 +122,8 @@ class FrozenFeatureCache:
         per_image = []
         for view, key in enumerate(keys):
             full_key = ("consistency", key, shape, extractor.layer, extractor.dims)
-            features = self.entries.get(full_key)
+            features = self._get(full_key)
             if isinstance(features, ImageFeatures):
-                self.entries.move_to_end(full_key)
                 self.hits += 1
             else:
                 features = extractor.image_features(images[view : view + 1])
@@ -133,12 +132,16 @@ class FrozenFeatureCache:
             per_image.append(features)
         return extractor.combine(per_image)
 
-    def _get_entry(self, key: tuple) -> Entry | None:
+    def _get(self, key: tuple) -> Entry | ImageFeatures | None:
         entry = self.entries.get(key)
-        if entry is None or isinstance(entry, ImageFeatures):
-            return None
-        self.entries.move_to_end(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
         return entry
+
+    def _get_entry(self, key: tuple) -> Entry | None:
+        """An encoder entry (the consistency features' keys start with "consistency": never one)."""
+        entry = self._get(key)
+        return None if isinstance(entry, ImageFeatures) else entry
 
     def _put(self, key: tuple, entry: Entry | ImageFeatures) -> None:
         size = _nbytes(entry)

@@ -65,9 +65,9 @@ class GNTSystem(pl.LightningModule):
         # consistency features' (None: nothing to cache, or off); a plain attribute, so in no state dict
         # or checkpoint.
         cache_mb = settings.model.net.encoder.feature_cache_mb
-        frozen = isinstance(self.net.encoder, AlexNetEncoder) and self.net.encoder.n_frozen > 0
-        frozen = frozen or self.net.consistency_features is not None
-        self.feature_cache = FrozenFeatureCache(cache_mb) if frozen and cache_mb > 0 else None
+        frozen_encoder = isinstance(self.net.encoder, AlexNetEncoder) and self.net.encoder.n_frozen > 0
+        frozen_convs = frozen_encoder or self.net.consistency_features is not None
+        self.feature_cache = FrozenFeatureCache(cache_mb) if frozen_convs and cache_mb > 0 else None
         self.sampler = DepthSampler(settings.render.n_samples)
         if settings.model.compile:
             # In place: the parameter names, and so the checkpoints, stay those of the eager network.
