@@ -61,9 +61,9 @@ from pola_gnt.model.gnt import (
     pyramid_colour_statistics,
     sinusoidal_encoding,
 )
+from pola_gnt.model.settings import PRECISIONS
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
 
-PRECISIONS = ("auto", "fp32", "bf16")
 CPUINFO = Path("/proc/cpuinfo")
 
 

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from pola_gnt.attention.registry import RAY_ATTENTIONS, VIEW_ATTENTIONS
 from pola_gnt.core.errors import UserError, check_choice, check_int, check_number
 
+# `render.precision`: what `pola_gnt.model.inference.resolve_render_precision` resolves.
+PRECISIONS = ("auto", "fp32", "bf16")
+
 # `model.net.compat`: "none" is this project's network; "gnt" reproduces the forward of GNT's official
 # code exactly, for its converted checkpoints (`python -m pola_gnt.convert_gnt`; see `model.gnt`).
 COMPAT_MODES = ("none", "gnt")
@@ -194,8 +197,6 @@ class RenderSettings:
     workers: int | None  # chunks rendered at once on a CPU, one thread each; None: by threads and memory
 
     def check(self, key: str) -> None:
-        from pola_gnt.model.inference import PRECISIONS  # it imports the network, which takes these settings
-
         check_int(self.n_samples, f"{key}.n_samples", minimum=2, why="samples per ray")
         check_int(self.chunk_rays, f"{key}.chunk_rays")
         if self.max_memory_mb is not None:
