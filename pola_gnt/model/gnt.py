@@ -55,7 +55,14 @@ from torch import Tensor, nn
 from pola_gnt.attention.modules import SubtractionViewAttention
 from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
 from pola_gnt.geometry.rays import Rays, points_along_rays
-from pola_gnt.model.backbone import AlexNetEncoder, ConsistencyFeatures
+from pola_gnt.model.backbone import AlexNetEncoder
+from pola_gnt.model.consistency_prior import (
+    ConsistencyFeatures,
+    angle_weights,
+    colour_pyramid,
+    feature_spread,
+    pyramid_colour_statistics,
+)
 from pola_gnt.model.encoder import ImageEncoder
 from pola_gnt.model.settings import NetSettings
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
@@ -95,25 +102,6 @@ class SourceViews:
     def keep_consistency_maps(self, extractor: ConsistencyFeatures, maps: Float[Tensor, "views channels h w"]) -> None:
         """Give `consistency_maps` what `extractor(images)` would compute (training's `model.feature_cache`)."""
         self._consistency_maps[(extractor.layer, extractor.dims)] = maps
-
-
-def colour_pyramid(
-    images: Float[Tensor, "views 3 height width"], levels: int
-) -> Float[Tensor, "views channels height width"]:
-    """The blurred colours of `images` for the multi-scale photo-consistency: levels 1 .. levels - 1
-    of a box pyramid (each 2 x 2 averages of the one before, the last cell of an odd side averaging
-    what it covers) upsampled bilinearly back to the images' size, stacked as `3 (levels - 1)`
-    channels (level 0, the images themselves, is not repeated). A pixel of level k is the mean colour
-    of about a 2^k-pixel square around it: comparing those across views compares patches, which a
-    single pixel's colour cannot (noise, aliasing, a sample a pixel off its surface)."""
-    height, width = images.shape[-2:]
-    level, out = images.float(), []
-    for _ in range(levels - 1):
-        level = F.avg_pool2d(level, 2, ceil_mode=True)
-        out.append(F.interpolate(level, size=(height, width), mode="bilinear", align_corners=False))
-    if not out:
-        return images.new_zeros((images.shape[0], 0, height, width), dtype=torch.float32)
-    return torch.cat(out, dim=1)
 
 
 @dataclass
@@ -311,83 +299,6 @@ def source_colour_statistics(
         weights = angle_weights(gathered.rel_dirs[..., 3], gathered.visible, view_angle_weighting, dim=2)
         mean = (weights[..., None] * rgb).sum(dim=2)
     return mean, spread
-
-
-def angle_weights(
-    cosines: Float[Tensor, "*batch_views"], visible: Bool[Tensor, "*batch_views"], temperature: float, dim: int
-) -> Float[Tensor, "*batch_views"]:
-    """Weights over the source views (axis `dim`, summing to 1 over the visible ones, 0 elsewhere and
-    where no view sees the point) by how far each view's ray to the point turns from the target ray:
-    the unstructured lumigraph's rule that a nearer view's colour is the better guess, since a wrong
-    depth shifts it by less parallax and it sees the same side of the surface.
-
-    `cosines` are the cosines of those angles (`relative_directions`' last number). The angles are
-    measured from the nearest visible view's and in units of the visible views' mean angle, so the
-    rule reads the same for a forward-facing capture (views a few degrees apart) as around an
-    object: `softmax(-(angle - nearest) / (temperature x mean angle))`. A small temperature picks the
-    nearest view; a large one tends to the plain mean. No gradient: the weights are geometry."""
-    angles = torch.arccos(cosines.detach().float().clamp(-1.0, 1.0))
-    visible_angles = angles.masked_fill(~visible, float("inf"))
-    nearest = visible_angles.amin(dim=dim, keepdim=True)
-    count = visible.sum(dim=dim, keepdim=True).clamp(min=1)
-    mean_angle = (angles * visible).sum(dim=dim, keepdim=True) / count
-    # The scale's floor keeps points the views all see head-on (every angle about 0) finite.
-    scores = -(visible_angles - nearest.clamp(max=torch.pi)) / (temperature * mean_angle.clamp(min=1e-6))
-    weights = torch.softmax(scores, dim=dim)  # a point no view sees: every score -inf -> nan ...
-    return torch.where(visible, weights, torch.zeros_like(weights))  # ... made 0 here
-
-
-def feature_spread(
-    features: Float[Tensor, "*batch channels"], visible: Bool[Tensor, "*batch_views"], dim: int
-) -> Float[Tensor, "*points"]:
-    """How far the visible views' unit-length feature vectors (`ConsistencyFeatures`; axis `dim`, zero
-    where not visible) lie from their mean: the root of the summed variance over the channels, 0 where
-    they agree and at most 1 (`sqrt(1 - |mean|^2)` for unit vectors); 1 where fewer than two views see
-    the point.
-
-    In one pass, as the mean squared length minus the squared length of the mean: over 192 channels a
-    third of the time of subtracting the mean first. Its fp32 rounding leaves about 3e-4 where the
-    vectors agree (the root of 1e-7), under a thousandth of the spread's range."""
-    weights = visible.to(features.dtype)
-    count = weights.sum(dim=dim)
-    views = count.clamp(min=1.0)
-    mean = features.sum(dim=dim) / views[..., None]
-    squared_length = (features.square().sum(dim=-1) * weights).sum(dim=dim) / views
-    spread = (squared_length - mean.square().sum(dim=-1)).clamp(min=0.0).sqrt()
-    return torch.where(count >= 2, spread, torch.ones_like(spread))
-
-
-def pyramid_colour_statistics(
-    rgb: Float[Tensor, "*batch 3"],
-    coarse: Float[Tensor, "*batch coarse"] | None,
-    visible: Bool[Tensor, "*batch_views"],
-    dim: int,
-) -> tuple[Float[Tensor, "*points 3"], Float[Tensor, "*points"]]:
-    """`colour_spread` of the pixels' colours `rgb`, its spread averaged with the spreads of the blurred
-    levels `coarse` (3 channels per level, `colour_pyramid`'s; None: the pixels' alone); views along
-    `dim`, values zero where not visible. The network's layout and the fast renderer's share it."""
-    mean, spread = colour_spread(rgb, visible, dim=dim)
-    if coarse is not None:
-        levels = coarse.shape[-1] // 3
-        for level in range(levels):
-            spread = spread + colour_spread(coarse[..., 3 * level : 3 * level + 3], visible, dim=dim)[1]
-        spread = spread / (1 + levels)
-    return mean, spread
-
-
-def colour_spread(
-    rgb: Float[Tensor, "*batch 3"], visible: Bool[Tensor, "*batch_views"], dim: int
-) -> tuple[Float[Tensor, "*points 3"], Float[Tensor, "*points"]]:
-    """The mean colour over the visible views (axis `dim` of `rgb`, whose values are zero where not
-    visible) and the channel-mean standard deviation over them (`source_colour_statistics`; 1 / 2
-    where fewer than two views see the point)."""
-    weights = visible.to(rgb.dtype)[..., None]
-    count = weights.sum(dim=dim)
-    views = count.clamp(min=1.0)
-    mean = rgb.sum(dim=dim) / views
-    variance = ((rgb - mean.unsqueeze(dim)).square() * weights).sum(dim=dim) / views
-    spread = variance.clamp(min=0.0).sqrt().mean(dim=-1)
-    return mean, torch.where(count[..., 0] >= 2, spread, torch.full_like(spread, 0.5))
 
 
 class SourceViewBlend(nn.Module):

@@ -50,17 +50,9 @@ from pola_gnt.attention.modules import ViewAttention
 from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
 from pola_gnt.geometry.rays import Rays, points_along_rays
 from pola_gnt.model import render_kernels
+from pola_gnt.model.consistency_prior import angle_weights, feature_spread, pyramid_colour_statistics
 from pola_gnt.model.fused_linear import FusedLinear, fuse_linear_layers, fused_linear
-from pola_gnt.model.gnt import (
-    GNT,
-    GNTBlock,
-    RayOutput,
-    SourceViews,
-    angle_weights,
-    feature_spread,
-    pyramid_colour_statistics,
-    sinusoidal_encoding,
-)
+from pola_gnt.model.gnt import GNT, GNTBlock, RayOutput, SourceViews, sinusoidal_encoding
 from pola_gnt.model.settings import PRECISIONS
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
 
