@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
+from pola_gnt.geometry.projection import pixels_to_grid
 from pola_gnt.model.backbone import ALEXNET_CONVS, IMAGENET_MEAN, IMAGENET_STD, alexnet_convs_to_build
 
 
@@ -272,3 +273,65 @@ def principal_directions(maps: Float[Tensor, "views channels h w"], dims: int) -
     (`directions_from_moments`, each view's moments summed as `ConsistencyFeatures.combine` sums them)."""
     moments = [feature_moments(maps[view : view + 1]) for view in range(len(maps))]
     return directions_from_moments(moments, dims).to(maps.dtype)
+
+
+@dataclass(frozen=True)
+class FeatureRead:
+    """Where an image pixel `x` reads a view's consistency feature maps: at feature pixel
+    `((x + 1/2) / scale - 1/2 - offset) / stride`, i.e. `ConsistencyFeatures.feature_pixels` of the pixel's
+    place in the image the features were extracted from, `scale` times smaller than the one rendered."""
+
+    stride: float
+    offset: float
+    scale: float = 1.0
+
+    def feature_pixels(self, pixels: Float[Tensor, "*batch 2"]) -> Float[Tensor, "*batch 2"]:
+        if self.scale != 1.0:
+            pixels = (pixels + 0.5) / self.scale - 0.5
+        return (pixels - self.offset) / self.stride
+
+
+def view_major_statistics(
+    colours: Float[Tensor, "views channels height width"],
+    grid: Float[Tensor, "views points 2"],
+    visible: Bool[Tensor, "views points"],
+    features: Float[Tensor, "views feature_channels h w"] | None,
+    cosines: Float[Tensor, "points views"] | None,
+    first_level: int,
+    feature_read: FeatureRead,
+    feature_weight: float,
+    temperature: float,
+) -> tuple[Float[Tensor, "points 3"], Float[Tensor, " points"], Float[Tensor, "views 3 points"]]:
+    """The prior's per-sample statistics from the source views as the bf16 render network holds them
+    (views first; the PyTorch form of `model.render_kernels.prior_statistics`).
+
+    `colours`: each view's image (channels 0-2) and blurred levels (3 channels each, `colour_pyramid`),
+    read bilinearly at `grid` (normalised, `align_corners`, border padding) and zeroed where not
+    `visible`; the spread's levels are the 3-channel groups from `first_level` on (0: the image itself is
+    level 0). `features`: the consistency feature maps, read at `feature_read`'s pixels (None: none).
+    `cosines`: the cosine of each view's angle to the target ray, for `angle_weights` at `temperature`
+    (0: the plain mean colour). Returns the mean colour, the spread (the mean of the levels' colour
+    spreads plus `feature_weight` times the feature spread) and the colours read `[views, 3, points]`."""
+    height, width = colours.shape[-2:]
+    weight = visible[:, None, :].to(colours.dtype)
+    read = F.grid_sample(colours, grid[:, :, None, :], mode="bilinear", padding_mode="border", align_corners=True)
+    read = read[..., 0] * weight  # [views, channels, points]
+    rgb = read[:, :3]
+    levels = read[:, 3 * first_level :].transpose(1, 2)  # [views, points, 3 levels]
+    coarse = levels[..., 3:] if levels.shape[-1] > 3 else None
+    mean, spread = pyramid_colour_statistics(levels[..., :3], coarse, visible, dim=0)
+    if first_level:
+        mean, _ = colour_spread(rgb.transpose(1, 2), visible, dim=0)
+    if features is not None:
+        scale = torch.tensor([width - 1, height - 1], dtype=grid.dtype, device=grid.device)
+        pixels = (grid + 1.0) / 2.0 * scale
+        feature_grid = pixels_to_grid(feature_read.feature_pixels(pixels), *features.shape[-2:])
+        values = F.grid_sample(
+            features, feature_grid[:, :, None, :], mode="bilinear", padding_mode="border", align_corners=True
+        )
+        values = (values[..., 0] * weight).transpose(1, 2)  # [views, points, feature_channels]
+        spread = spread + feature_weight * feature_spread(values, visible, dim=0)
+    if temperature and cosines is not None:
+        weights = angle_weights(cosines.t(), visible, temperature, dim=0)  # [views, points]
+        mean = (weights[:, None, :] * rgb).sum(dim=0).t()
+    return mean, spread, rgb

@@ -92,6 +92,14 @@ class SourceViews:
             self._pyramids[levels] = colour_pyramid(self.images, levels)
         return self._pyramids[levels]
 
+    def prior_colours(self, levels: int) -> Float[Tensor, "views channels height width"]:
+        """The images and their `coarse_colours(levels)` side by side, fp32, channels last (each pixel's
+        colours at every level together, as the prior's kernel reads them), computed once."""
+        if -levels not in self._pyramids:  # (negative keys: these, beside coarse_colours' own)
+            colours = torch.cat([self.images.float(), self.coarse_colours(levels)], dim=1)
+            self._pyramids[-levels] = colours.contiguous(memory_format=torch.channels_last)
+        return self._pyramids[-levels]
+
     def consistency_maps(self, extractor: ConsistencyFeatures) -> Float[Tensor, "views channels h w"]:
         """`extractor(images)` of these views, computed once (or as `keep_consistency_maps` gave them)."""
         key = (extractor.layer, extractor.dims)

@@ -50,7 +50,7 @@ from pola_gnt.attention.modules import ViewAttention
 from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
 from pola_gnt.geometry.rays import Rays, points_along_rays
 from pola_gnt.model import render_kernels
-from pola_gnt.model.consistency_prior import angle_weights, feature_spread, pyramid_colour_statistics
+from pola_gnt.model.consistency_prior import FeatureRead
 from pola_gnt.model.fused_linear import FusedLinear, fuse_linear_layers, fused_linear
 from pola_gnt.model.gnt import GNT, GNTBlock, RayOutput, SourceViews, sinusoidal_encoding
 from pola_gnt.model.settings import PRECISIONS
@@ -263,13 +263,19 @@ class FastRenderNetwork:
         projection = project_points(points, views.c2w.float(), views.intrinsics.float(), height, width)
         grid = pixels_to_grid(projection.pixels, height, width).flatten(1, 2)  # [views, points, 2]
         visible = projection.visible.flatten(1)  # [views, points]
-        # The colours, channels first as grid_sample reads them: [views, 3, points], zero where unseen.
-        rgb = _bilinear_channels(views.images.float(), grid, "border").mul_(visible[:, None, :].float())
+        rel_dirs = relative_directions(points, rays.origins[:, None, :].float(), views.centers.float())
+        readout = net.readout
+        source_colours = None
+        if readout.needs_source_colours:
+            # The prior's statistics, and the colours read on the way: [views, 3, points], zero where unseen.
+            mean, spread, rgb = self._prior_statistics(views, grid, visible, rel_dirs)
+            source_colours = (mean.unflatten(0, (n_rays, n_samples)), spread.unflatten(0, (n_rays, n_samples)))
+        else:  # the colours, channels first as grid_sample reads them
+            rgb = _bilinear_channels(views.images.float(), grid, "border").mul_(visible[:, None, :].float())
         # First layer: relu(visible * (W_f f) + W_rgb rgb + b), in the token layout [points, views, width].
         tokens_in = render_kernels.view_token_inputs(
             prepared.projected, grid, visible, rgb, self.rgb_weight, self.first_bias, dtype
         )
-        rel_dirs = relative_directions(points, rays.origins[:, None, :].float(), views.centers.float())
         view_mask = visible.t().contiguous()  # [points, views]
         seen = view_mask.any(dim=-1).unflatten(0, (n_rays, n_samples))  # [rays, samples]
         point_code = sinusoidal_encoding(points, net.n_freqs)  # [rays, samples, 63]
@@ -292,30 +298,6 @@ class FastRenderNetwork:
                 first = torch.relu_(first.add_(per_ray[:, None, :]))
                 tokens = block.position_fusion[2](first)
             tokens = _ray_block(block.ray_block, tokens, seen)
-        readout = net.readout
-        source_colours = None
-        if readout.needs_source_colours:
-            coarse, levels = None, net.settings.readout_consistency_levels
-            if levels > 1:
-                coarse = _bilinear_channels(views.coarse_colours(levels), grid, "border")
-                coarse = coarse.mul_(visible[:, None, :].float()).transpose(1, 2)  # [views, points, 3 (levels - 1)]
-            source_colours = _source_colour_statistics(rgb.transpose(1, 2), coarse, visible, n_rays, n_samples)
-            extractor = net.consistency_features
-            if extractor is not None:
-                maps = views.consistency_maps(extractor)
-                feature_grid = pixels_to_grid(extractor.feature_pixels(projection.pixels), *maps.shape[-2:])
-                features = _bilinear_channels(maps, feature_grid.flatten(1, 2), "border")
-                features = features.mul_(visible[:, None, :].float()).transpose(1, 2)  # [views, points, C]
-                spread = feature_spread(features, visible, dim=0).unflatten(0, (n_rays, n_samples))
-                weight = net.settings.readout_consistency_features
-                source_colours = (source_colours[0], source_colours[1] + weight * spread)
-            temperature = net.settings.readout_view_angle_weighting
-            if temperature:
-                view_rgb = rgb.permute(2, 0, 1).unflatten(0, (n_rays, n_samples))  # [rays, samples, views, 3]
-                weights = angle_weights(
-                    rel_dirs[..., 3], view_mask.unflatten(0, (n_rays, n_samples)), temperature, dim=2
-                )
-                source_colours = ((weights[..., None] * view_rgb).sum(dim=2), source_colours[1])
         if self.view_blend is not None and source_colours is not None:
             blended = self.view_blend(
                 view_tokens.unflatten(0, (n_rays, n_samples)),
@@ -327,18 +309,32 @@ class FastRenderNetwork:
             source_colours = (blended, source_colours[1])
         return readout(tokens.float(), seen, depths.float(), source_colours)
 
-
-def _source_colour_statistics(
-    rgb: Float[Tensor, "views points 3"],
-    coarse: Float[Tensor, "views points coarse"] | None,
-    visible: Tensor,
-    n_rays: int,
-    n_samples: int,
-) -> tuple[Float[Tensor, "rays samples 3"], Float[Tensor, "rays samples"]]:
-    """`gnt.source_colour_statistics` from the view-major reads (rgb and the blurred levels `coarse`
-    zeroed where not visible)."""
-    mean, spread = pyramid_colour_statistics(rgb, coarse, visible, dim=0)
-    return mean.unflatten(0, (n_rays, n_samples)), spread.unflatten(0, (n_rays, n_samples))
+    def _prior_statistics(
+        self,
+        views: SourceViews,
+        grid: Float[Tensor, "views points 2"],
+        visible: Bool[Tensor, "views points"],
+        rel_dirs: Float[Tensor, "rays samples views 4"],
+    ) -> tuple[Float[Tensor, "points 3"], Float[Tensor, " points"], Float[Tensor, "views 3 points"]]:
+        """The read-out's consistency prior of every sample (`render_kernels.prior_statistics`), with the
+        source colours it read there."""
+        settings = self.net.settings
+        extractor = self.net.consistency_features
+        features, feature_read = None, FeatureRead(1.0, 0.0)
+        if extractor is not None:
+            features, feature_read = views.consistency_maps(extractor), FeatureRead(extractor.stride, extractor.offset)
+        temperature = settings.readout_view_angle_weighting
+        return render_kernels.prior_statistics(
+            views.prior_colours(settings.readout_consistency_levels),
+            grid,
+            visible,
+            features,
+            rel_dirs[..., 3].flatten(0, 1) if temperature else None,
+            0,
+            feature_read,
+            settings.readout_consistency_features,
+            temperature,
+        )
 
 
 def _converted(module: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -1,0 +1,115 @@
+"""The read-out's consistency prior in the bf16 render network (`model.consistency_prior`): its fused
+kernel (`model.render_kernels.prior_statistics`) against the PyTorch form run in float64, with every
+case the kernel branches on (levels from the image or above it, features, angle weights, a feature
+read at a working scale, points seen by no view, by one, by several); and the view-major form against
+the network's own statistics, so the bf16 network renders the prior the network was trained with."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pola_gnt.geometry.projection import pixels_to_grid, project_points
+from pola_gnt.geometry.rays import pixel_grid, pixel_rays, points_along_rays
+from pola_gnt.model import render_kernels
+from pola_gnt.model.consistency_prior import FeatureRead, colour_pyramid, view_major_statistics
+from pola_gnt.model.gnt import SourceViews, gather_source_samples, source_colour_statistics
+from pola_gnt.model.sampler import sample_depths
+
+pytestmark = pytest.mark.skipif(not render_kernels.available(), reason="no C++ compiler for the render kernels")
+
+VIEWS, HEIGHT, WIDTH, POINTS = 5, 23, 31, 300
+
+
+def _inputs(features: bool, angles: bool, seed: int = 0) -> dict:
+    """Random maps and reads: colours of 4 levels, unit-length features at a quarter of the size, grid
+    points inside and up to half the image beyond its edges, visibility that leaves some points unseen
+    and some seen once."""
+    generator = torch.Generator().manual_seed(seed)
+    colours = torch.rand(VIEWS, 12, HEIGHT, WIDTH, generator=generator).contiguous(memory_format=torch.channels_last)
+    grid = torch.rand(VIEWS, POINTS, 2, generator=generator) * 3.0 - 1.5
+    visible = torch.rand(VIEWS, POINTS, generator=generator) > 0.35
+    visible[:, :10] = False  # seen by no view
+    visible[:, 10:20] = False
+    visible[2, 10:20] = True  # seen by one view
+    maps = F.normalize(torch.randn(VIEWS, 16, 6, 8, generator=generator), dim=1) if features else None
+    cosines = torch.rand(POINTS, VIEWS, generator=generator) * 0.2 + 0.8 if angles else None
+    return {"colours": colours, "grid": grid, "visible": visible, "features": maps, "cosines": cosines}
+
+
+def _fp64(inputs: dict) -> dict:
+    return {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
+
+
+@pytest.mark.parametrize("first_level", [0, 1], ids=["image is level 0", "levels above the image"])
+@pytest.mark.parametrize("features", [False, True], ids=["colour", "features"])
+@pytest.mark.parametrize("angles", [False, True], ids=["mean", "angle weights"])
+@pytest.mark.parametrize("scale", [1.0, 2.0], ids=["own scale", "working scale 2"])
+def test_the_prior_kernel_is_its_pytorch_form(first_level, features, angles, scale):
+    """The kernel (float32) against `view_major_statistics` in float64, to float32 rounding."""
+    inputs = _inputs(features, angles)
+    options = {
+        "first_level": first_level,
+        "feature_read": FeatureRead(4.0, 3.0, scale),
+        "feature_weight": 0.3,
+        "temperature": 0.25 if angles else 0.0,
+    }
+    with torch.inference_mode():
+        got = render_kernels.prior_statistics(**inputs, **options)
+        expected = view_major_statistics(**_fp64(inputs), **options)
+    for name, a, b in zip(("mean", "spread", "rgb"), got, expected, strict=True):
+        assert a.dtype == torch.float32 and a.shape == b.shape
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=2e-6, msg=name)
+    mean, spread, _ = expected
+    assert torch.equal(mean[:10], torch.zeros_like(mean[:10]))  # seen by no view: no colour ...
+    # ... and, as a point seen once, the largest spread: 1/2 per colour level, 1 for the features.
+    fallback = 0.5 + (0.3 if features else 0.0)
+    torch.testing.assert_close(spread[:20], torch.full_like(spread[:20], fallback))
+
+
+def test_the_prior_kernel_test_can_fail():
+    """The control: reading half a pixel off (a grid shifted by half a pixel) is far outside the tolerance."""
+    inputs = _inputs(True, True)
+    shifted = {**inputs, "grid": inputs["grid"] + torch.tensor([1.0 / (WIDTH - 1), 0.0])}
+    options = {"first_level": 0, "feature_read": FeatureRead(4.0, 3.0), "feature_weight": 0.3, "temperature": 0.25}
+    with torch.inference_mode():
+        got = render_kernels.prior_statistics(**shifted, **options)
+        expected = view_major_statistics(**_fp64(inputs), **options)
+    assert (got[1].double() - expected[1]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("levels", [1, 4])
+@pytest.mark.parametrize("angles", [0.0, 0.25], ids=["mean", "angle weights"])
+def test_the_view_major_form_is_the_networks_statistics(levels, angles):
+    """`view_major_statistics` of a rig's samples equals the network's `source_colour_statistics` of the
+    same samples (its gather, its layout): the render network's prior is the trained one."""
+    generator = torch.Generator().manual_seed(3)
+    height, width, views = 20, 26, 4
+    intrinsics = torch.tensor([[20.0, 0.0, width / 2], [0.0, 20.0, height / 2], [0.0, 0.0, 1.0]])
+    c2w = torch.eye(4).repeat(views, 1, 1)
+    c2w[:, :2, 3] = (torch.rand(views, 2, generator=generator) - 0.5) * 1.5
+    images = torch.rand(views, 3, height, width, generator=generator)
+    sources = SourceViews(images, images.new_zeros(views, 2, 5, 7), c2w, intrinsics.expand(views, 3, 3).clone())
+    rays = pixel_rays(torch.eye(4), intrinsics, pixel_grid(height, width))
+    points = points_along_rays(rays, sample_depths(1.0, 9.0, len(rays), 10, jitter=False))
+    gathered = gather_source_samples(points, rays.origins, sources, colour_levels=levels)
+    mean, spread = source_colour_statistics(gathered, 0.0, angles)
+    projection = project_points(points, c2w, sources.intrinsics, height, width, edge_margin=0.5)
+    colours = torch.cat([images, colour_pyramid(images, levels)], dim=1)
+    got_mean, got_spread, rgb = view_major_statistics(
+        colours,
+        pixels_to_grid(projection.pixels, height, width).flatten(1, 2),
+        projection.visible.flatten(1),
+        None,
+        gathered.rel_dirs[..., 3].flatten(0, 1),
+        0,
+        FeatureRead(1.0, 0.0),
+        0.0,
+        angles,
+    )
+    assert not gathered.visible.all() and gathered.visible.any()
+    assert torch.equal(projection.visible.flatten(1).t(), gathered.visible.flatten(0, 1))
+    torch.testing.assert_close(got_mean, mean.flatten(0, 1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_spread, spread.flatten(0, 1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(rgb.permute(2, 0, 1), gathered.values[..., :3].flatten(0, 1), rtol=1e-5, atol=1e-6)
