@@ -35,7 +35,7 @@ from pola_gnt.model.inference import (
     render_network,
     resolve_render_precision,
 )
-from pola_gnt.model.render_memory import render_workers
+from pola_gnt.model.render_memory import budget_chunk_rays, render_workers
 from pola_gnt.model.renderer import render_image
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.checkpoints import (
@@ -228,6 +228,8 @@ class GNTSystem(pl.LightningModule):
         settings = self.settings
         height, width = scene.resolution
         network = self._rendering or self.net
+        views = settings.data.num_source_views
+        chunk_rays = budget_chunk_rays(settings.render, settings.model.net, views, self.device)
         rendered = render_image(
             network,
             batch.c2w,
@@ -237,15 +239,9 @@ class GNTSystem(pl.LightningModule):
             network.source_views(batch.sources.images, batch.sources.c2w, batch.sources.intrinsics),
             scene.depth_range,
             self.sampler,
-            settings.render.chunk_rays,
+            chunk_rays,
             stride=protocol_stride(settings.metrics.protocol),
-            workers=render_workers(
-                settings.render,
-                settings.model.net,
-                settings.data.num_source_views,
-                settings.render.chunk_rays,
-                self.device,
-            ),
+            workers=render_workers(settings.render, settings.model.net, views, chunk_rays, self.device),
         )
         self.test_results.append(self.scorer(batch.view, rendered.rgb, rendered.depth, settings.output.save_images))
 
