@@ -18,9 +18,9 @@ from helpers import (
     run_module,
 )
 
+from pola_gnt.apps.evaluation import evaluate
 from pola_gnt.apps.trained_runs import load_trained_checkpoint
 from pola_gnt.core.errors import UserError
-from pola_gnt.eval import evaluate
 from pola_gnt.runs.checkpoints import read_checkpoint
 from pola_gnt.runs.config.stored import run_config_with_overrides, stored_run_config, trained_run_config
 
