@@ -74,6 +74,9 @@ def no_gpu(monkeypatch):
         ("data.random_crop={heights:[20,30],area:0}", "data.random_crop.area"),
         ("scene.kind=nerf", "scene.kind"),
         ("video.scale=0", "video.scale"),
+        ("metrics.extra_protocols=[standard]", "metrics.extra_protocols"),  # metrics.protocol's own
+        ("metrics.extra_protocols=[gnt,gnt]", "metrics.extra_protocols"),
+        ("metrics.extra_protocols=[nerf]", "metrics.extra_protocols"),
     ],
 )
 def test_bad_values_name_their_full_key(override, key):
