@@ -34,7 +34,7 @@ RUN_DIR_OVERRIDES = ["hydra.run.dir=outputs/benchmark/${now:%Y-%m-%d_%H-%M-%S}"]
 
 @entry_point
 def main(cfg: DictConfig) -> None:
-    announce(cfg, with_experiment=cfg.benchmark.mode != "zero_shot")
+    announce(cfg, with_experiment=cfg.benchmark.mode == "per_scene")  # finetune: experiment=finetune per scene
     settings = read_run_settings(cfg)  # the command line's values checked before anything is read
     hydra_config = HydraConfig.get()
     run_dir = Path(hydra_config.runtime.output_dir)
