@@ -74,6 +74,12 @@ def no_gpu(monkeypatch):
         ("data.random_crop={heights:[20,30],area:0}", "data.random_crop.area"),
         ("scene.kind=nerf", "scene.kind"),
         ("video.scale=0", "video.scale"),
+        ("metrics.extra_protocols=[standard]", "metrics.extra_protocols"),  # metrics.protocol's own
+        ("metrics.extra_protocols=[gnt,gnt]", "metrics.extra_protocols"),
+        ("metrics.extra_protocols=[nerf]", "metrics.extra_protocols"),
+        ("benchmark.mode=fast", "benchmark.mode"),
+        ("benchmark.scenes=[fern,fern]", "benchmark.scenes"),
+        ("benchmark.budget_minutes=0", "benchmark.budget_minutes"),
     ],
 )
 def test_bad_values_name_their_full_key(override, key):

@@ -174,9 +174,28 @@ class ViewSettings:
             check_int(self.height, f"{key}.height", why="pixels")
 
 
+BENCHMARK_MODES = ("zero_shot", "finetune", "per_scene")
+
+
+@dataclass(frozen=True)
+class BenchmarkSettings:
+    """`python -m pola_gnt.benchmark`: LLFF at the published protocol, scene by scene."""
+
+    mode: str  # zero_shot (the checkpoint as is) | finetune (init_from the checkpoint) | per_scene (from scratch)
+    scenes: tuple[str, ...] | None  # the scene folders under data.root to run; None: every LLFF scene found
+    budget_minutes: float | None  # finetune / per_scene: training time per scene; None: the preset's steps
+
+    def check(self, key: str) -> None:
+        check_choice(self.mode, f"{key}.mode", BENCHMARK_MODES)
+        if self.scenes is not None and (not self.scenes or len(set(self.scenes)) < len(self.scenes)):
+            raise UserError(f"{key}.scenes: must be null or a list of different scene names, got {list(self.scenes)}")
+        if self.budget_minutes is not None:
+            check_number(self.budget_minutes, f"{key}.budget_minutes", 0, why="minutes of training per scene")
+
+
 @dataclass(frozen=True)
 class RunSettings:
-    """`conf/config.yaml`, checked: the run of train / eval / render_video / analyze / check_scene."""
+    """`conf/config.yaml`, checked: the run of train / eval / render_video / analyze / check_scene / benchmark."""
 
     seed: int
     ckpt_path: str | None
@@ -193,6 +212,7 @@ class RunSettings:
     analyze: AnalyzeSettings
     video: VideoSettings
     view: ViewSettings
+    benchmark: BenchmarkSettings
 
     def check(self, key: str) -> None:
         """The keys are bare: this is the whole of conf/config.yaml (`key` is empty)."""

@@ -19,11 +19,13 @@ from pola_gnt.data.scene import Scene
 from pola_gnt.data.scene_loading import exact_depth_source
 from pola_gnt.evaluation.image_metrics import LOGGED_MIN_MSE, mse_to_psnr
 from pola_gnt.evaluation.scoring import (
+    ProtocolResults,
     ViewResult,
     ViewScorer,
     build_image_metrics,
-    format_table,
+    format_tables,
     protocol_stride,
+    render_stride,
     write_results,
 )
 from pola_gnt.model.backbone import AlexNetEncoder
@@ -72,7 +74,9 @@ class GNTSystem(pl.LightningModule):
         if settings.model.compile:
             # In place: the parameter names, and so the checkpoints, stay those of the eager network.
             self.net.compile(dynamic=True)
-        self.test_results: list[ViewResult] = []
+        # The scored test views of each protocol (`metrics.protocol` first, then `metrics.extra_protocols`).
+        self.test_results: dict[str, list[ViewResult]] = {}
+        self.scorers: dict[str, ViewScorer] = {}
         self.test_document: dict | None = None
         # The test phase renders the held-out views of `scene` and writes into `output_dir`
         # (`prepare_test`, by the command that tests: `train`, `eval`).
@@ -213,13 +217,15 @@ class GNTSystem(pl.LightningModule):
 
     def on_test_epoch_start(self) -> None:
         scene = self._test_scene()
-        self.scorer = ViewScorer(
-            scene,
-            build_image_metrics(self.settings.metrics),
-            self.settings.metrics.protocol,
-            exact_depth=exact_depth_source(self.settings.scene, scene),
-        )
-        self.test_results = []
+        metrics = self.settings.metrics
+        exact_depth = exact_depth_source(self.settings.scene, scene)
+        self.scorers = {
+            protocol: ViewScorer(
+                scene, build_image_metrics(metrics.for_protocol(protocol)), protocol, exact_depth=exact_depth
+            )
+            for protocol in metrics.protocols
+        }
+        self.test_results = {protocol: [] for protocol in metrics.protocols}
         self.test_started = time.perf_counter()
         self._rendering = self.rendering_network(self.device)
 
@@ -240,18 +246,25 @@ class GNTSystem(pl.LightningModule):
             scene.depth_range,
             self.sampler,
             chunk_rays,
-            stride=protocol_stride(settings.metrics.protocol),
+            stride=render_stride(settings.metrics.protocols),
             workers=render_workers(settings.render, settings.model.net, views, chunk_rays, self.device),
         )
-        self.test_results.append(self.scorer(batch.view, rendered.rgb, rendered.depth, settings.output.save_images))
+        # One render scored by every protocol: each takes its own pixels of it (every 2nd for GNT's), the
+        # first protocol's views are the ones kept for the PNGs.
+        rendered_stride = render_stride(settings.metrics.protocols)
+        for protocol, scorer in self.scorers.items():
+            step = scorer.stride // rendered_stride
+            rgb, depth = rendered.rgb[::step, ::step], rendered.depth[::step, ::step]
+            keep = settings.output.save_images and protocol == settings.metrics.protocol
+            self.test_results[protocol].append(scorer(batch.view, rgb, depth, keep))
 
     def on_test_epoch_end(self) -> None:
         self._rendering = None
-        results = self.test_results
+        by_protocol = self.test_results
         if self.trainer.world_size > 1:
-            gathered: list[list[ViewResult]] = [[] for _ in range(self.trainer.world_size)]
-            dist.all_gather_object(gathered, results)
-            results = [r for part in gathered for r in part]
+            gathered: list[dict[str, list[ViewResult]]] = [{} for _ in range(self.trainer.world_size)]
+            dist.all_gather_object(gathered, by_protocol)
+            by_protocol = {protocol: [r for part in gathered for r in part[protocol]] for protocol in by_protocol}
         if not self.trainer.is_global_zero:
             return
         test_time_s = time.perf_counter() - self.test_started  # rendering and scoring the test views
@@ -259,19 +272,18 @@ class GNTSystem(pl.LightningModule):
         if self.output_dir is None:
             raise RuntimeError("GNTSystem.prepare_test: set the folder for metrics.json before trainer.test")
         settings = self.settings
-        stride = protocol_stride(settings.metrics.protocol)
         global_step = max(int(self.global_step), self.checkpoint_step)
         trained_under, budget, training = self.training_summary(global_step)
-        height, width = scene.resolution
+        primary, *extra_protocols = settings.metrics.protocols
+        protocol_header = self._protocol_header(primary)
+        metric_settings = protocol_header.pop("metric_settings")  # after `factor`, where it always stood
         header = {
             "scene": settings.scene.name,
             "model": settings.model.name,
             "split": "test",
-            "protocol": settings.metrics.protocol,
-            "lpips_net": settings.metrics.lpips_net,
-            "resolution": [len(range(0, height, stride)), len(range(0, width, stride))],
+            **protocol_header,
             "factor": scene.factor,
-            "metric_settings": self.scorer.metrics.settings,
+            "metric_settings": metric_settings,
             "n_samples": settings.render.n_samples,
             "num_source_views": settings.data.num_source_views,
             "global_step": global_step,
@@ -281,7 +293,20 @@ class GNTSystem(pl.LightningModule):
             "test_time_s": test_time_s,
             **self.training_record(),
         }
+        extra = [ProtocolResults(self._protocol_header(p), by_protocol[p]) for p in extra_protocols]
         self.test_document = write_results(
-            self.output_dir, header, results, scene.depth_range, settings.output.save_images
+            self.output_dir, header, by_protocol[primary], scene.depth_range, settings.output.save_images, extra
         )
-        print(format_table(self.test_document), flush=True)
+        print(format_tables(self.test_document), flush=True)
+
+    def _protocol_header(self, protocol: str) -> dict:
+        """The keys of metrics.json's header that `protocol` decides: its name, LPIPS network, the scored
+        pixels' resolution and how the metrics were computed."""
+        height, width = self._test_scene().resolution
+        stride = protocol_stride(protocol)
+        return {
+            "protocol": protocol,
+            "lpips_net": self.settings.metrics.for_protocol(protocol).lpips_net,
+            "resolution": [len(range(0, height, stride)), len(range(0, width, stride))],
+            "metric_settings": self.scorers[protocol].metrics.settings,
+        }
