@@ -227,6 +227,10 @@ def test_a_gpu_trainer_without_a_gpu_is_one_error_line(tmp_path, no_gpu):
             "data.rays_per_step: 8000 (up to 24000 with data.scale_rays_with_views)",
         ),
         (["data.crop=[12,12]", "data.rays_per_step=16"], "data.crop: the smallest side"),
+        (
+            ["data.crop=[32,32]", "model.net.working_size=64"],
+            "data.crop: training crops with model.net.working_size 64",
+        ),
     ],
 )
 def test_the_recipe_is_checked_against_the_scene(overrides, key):

@@ -6,6 +6,8 @@ the network's own statistics, so the bf16 network renders the prior the network 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,9 +15,17 @@ import torch.nn.functional as F
 from pola_gnt.geometry.projection import pixels_to_grid, project_points
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays, points_along_rays
 from pola_gnt.model import render_kernels
-from pola_gnt.model.consistency_prior import FeatureRead, colour_pyramid, view_major_statistics
-from pola_gnt.model.gnt import SourceViews, gather_source_samples, source_colour_statistics
+from pola_gnt.model.consistency_prior import (
+    FeatureRead,
+    colour_pyramid,
+    view_major_statistics,
+    working_images,
+    working_pyramid,
+)
+from pola_gnt.model.gnt import GNT, SourceViews, gather_source_samples, source_colour_statistics
 from pola_gnt.model.sampler import sample_depths
+from tests.helpers.config import net_settings
+from tests.test_render_precision import _net
 
 pytestmark = pytest.mark.skipif(not render_kernels.available(), reason="no C++ compiler for the render kernels")
 
@@ -113,3 +123,123 @@ def test_the_view_major_form_is_the_networks_statistics(levels, angles):
     torch.testing.assert_close(got_mean, mean.flatten(0, 1), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got_spread, spread.flatten(0, 1), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(rgb.permute(2, 0, 1), gathered.values[..., :3].flatten(0, 1), rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------------
+# The working size: a network trained at one resolution sees the same working images at another
+
+
+@pytest.mark.parametrize(
+    ("size", "height", "width", "factor"),
+    [
+        (0, 756, 1008, 1),
+        (504, 378, 504, 1),
+        (504, 756, 1008, 2),
+        (504, 724, 980, 2),
+        (504, 744, 1004, 2),
+        (504, 1512, 2016, 4),
+        (504, 300, 400, 1),
+        (504, 1120, 504, 2),
+        (504, 200, 150, 1),
+    ],
+)
+def test_the_working_factor_brings_the_longer_side_nearest_the_working_size(size, height, width, factor):
+    settings = replace(net_settings(), working_size=size)
+    assert settings.working_factor(height, width) == factor
+
+
+def test_working_images_are_means_of_whole_squares():
+    images = torch.arange(2 * 3 * 5 * 7, dtype=torch.float32).reshape(2, 3, 5, 7)
+    reduced = working_images(images, 2)
+    assert reduced.shape == (2, 3, 3, 4)
+    assert reduced[1, 2, 0, 0] == images[1, 2, :2, :2].mean()
+    assert reduced[0, 1, 2, 3] == images[0, 1, 4, 6]  # the last cell of both odd sides: the one pixel it covers
+    assert reduced[0, 0, 2, 1] == images[0, 0, 4, 2:4].mean()
+    assert working_images(images, 1) is images
+
+
+def _doubled(images: torch.Tensor) -> torch.Tensor:
+    """Each pixel as a 2 x 2 square: images at twice the resolution whose working images at factor 2 are
+    exactly the originals."""
+    return images.repeat_interleave(2, dim=-2).repeat_interleave(2, dim=-1)
+
+
+def test_the_working_pyramid_at_twice_the_resolution_is_the_pyramid_of_the_working_image():
+    """Every level of the working image, upsampled to the full size; at factor 1 the pyramid above the image."""
+    images = torch.rand(2, 3, 12, 16, generator=torch.Generator().manual_seed(5))
+    pyramid = working_pyramid(_doubled(images), 3, 2)
+    assert pyramid.shape == (2, 9, 24, 32)
+    levels = [images, F.avg_pool2d(images, 2), F.avg_pool2d(images, 4)]
+    for index, level in enumerate(levels):
+        upsampled = F.interpolate(level, size=(24, 32), mode="bilinear", align_corners=False)
+        torch.testing.assert_close(pyramid[:, 3 * index : 3 * index + 3], upsampled)
+    assert torch.equal(working_pyramid(images, 3, 1), colour_pyramid(images, 3))
+
+
+# The shipped checkpoints' read-out (experiment=pretrain): the prior's pyramid, features and angle weights,
+# the source colour alone, the learned scores bounded.
+SHIPPED_READOUT = {
+    "readout_consistency_prior": 160.0,
+    "readout_consistency_levels": 4,
+    "readout_consistency_features": 0.3,
+    "readout_consistency_feature_dims": 16,
+    "readout_view_angle_weighting": 0.25,
+    "readout_source_colour": True,
+    "readout_colour_residual": False,
+    "readout_score_bound": 2.0,
+}
+
+
+def _photos(views: int, height: int, width: int, scale: int) -> torch.Tensor:
+    """Photos of one smooth scene at `scale` times `height` x `width`: pixel (u, v) of the scaled photo
+    shows the scene at (u, v) / scale of the base one (the cameras' convention: the principal point at
+    the image centre, integer pixel coordinates; so LLFF's images_4 and images_8 relate)."""
+    generator = torch.Generator().manual_seed(7)
+    frequencies = torch.rand(views, 3, 4, 2, generator=generator) * 0.5
+    phases = torch.rand(views, 3, 4, generator=generator) * 6.3
+    v, u = torch.meshgrid(torch.arange(height * scale) / scale, torch.arange(width * scale) / scale, indexing="ij")
+    waves = torch.sin(
+        frequencies[..., 0, None, None] * u + frequencies[..., 1, None, None] * v + phases[..., None, None]
+    )
+    return 0.5 + 0.12 * waves.sum(dim=2)  # [views, 3, H, W] in [0, 1]
+
+
+def _scene(net: GNT, scale: int, working_size: int):
+    """Four source views of `_photos` at `scale` times 48 x 64 (focal lengths and centres scaled), and the
+    network at that working size."""
+    height, width, views = 48, 64, 4
+    focal = 58.0 * scale
+    intrinsics = torch.tensor([[focal, 0.0, width * scale / 2], [0.0, focal, height * scale / 2], [0.0, 0.0, 1.0]])
+    c2w = torch.eye(4).repeat(views, 1, 1)
+    c2w[:, :2, 3] = (torch.rand(views, 2, generator=torch.Generator().manual_seed(8)) - 0.5) * 0.6
+    net.settings = replace(net.settings, working_size=working_size)
+    with torch.no_grad():
+        return net.source_views(_photos(views, height, width, scale), c2w, intrinsics.expand(views, 3, 3).clone())
+
+
+def test_a_network_at_a_working_size_renders_twice_the_resolution_as_it_renders_its_own():
+    """The shipped use (its read-out): a network trained on 64-pixel-wide sources renders the same scene's sources
+    at twice the resolution. With the working size (40) it sees the same working images (encoder input,
+    pyramid, features), so the same rays render nearly the same colour and depth as at the base
+    resolution; without it (0) the encoder and the prior see other images, far more different (the
+    control). What still differs with it: the colours are read at the full resolution, and the working
+    image is an area mean, a quarter of a base pixel off the base photo's samples (as LLFF's images_8 are
+    off its images_4)."""
+    net = _net("pola_gnt", **SHIPPED_READOUT).eval()
+    rays = pixel_rays(
+        torch.eye(4), torch.tensor([[58.0, 0.0, 32.0], [0.0, 58.0, 24.0], [0.0, 0.0, 1.0]]), pixel_grid(48, 64)
+    )
+    depths = sample_depths(1.0, 9.0, len(rays), 16, jitter=False)
+    errors = {}
+    with torch.inference_mode():
+        for size in (64, 0):
+            base = net(rays, depths, _scene(net, 1, size))
+            doubled_sources = _scene(net, 2, size)
+            if size:
+                assert net.working_factor(doubled_sources.images) == 2
+            doubled = net(rays, depths, doubled_sources)
+            errors[size] = (
+                (doubled.rgb - base.rgb).abs().mean().item(),
+                (doubled.depth - base.depth).abs().mean().item(),
+            )
+    assert errors[64][0] < errors[0][0] / 3 and errors[64][1] < errors[0][1] / 3, errors

@@ -146,6 +146,17 @@ READOUTS = {
         "readout_consistency_features": 0.3,
         "readout_consistency_feature_dims": 16,
     },
+    # the prior on the sources' working images, half their size (the rig's 40 x 48: working factor 2); the
+    # encoder at their full working size, which its 3 stages need
+    "consistency_features_working_size": {
+        "readout_consistency_prior": 160.0,
+        "readout_consistency_levels": 4,
+        "readout_consistency_features": 0.3,
+        "readout_consistency_feature_dims": 16,
+        "readout_view_angle_weighting": 0.25,
+        "working_size": 24,
+        "encoder_input_scale": 1.0,
+    },
 }
 
 

@@ -31,6 +31,35 @@ from pola_gnt.geometry.projection import pixels_to_grid
 from pola_gnt.model.backbone import ALEXNET_CONVS, IMAGENET_MEAN, IMAGENET_STD, alexnet_convs_to_build
 
 
+def working_images(images: Float[Tensor, "views 3 height width"], factor: int) -> Float[Tensor, "views 3 h w"]:
+    """`images` area-reduced by the whole `factor` (`NetSettings.working_factor`): each pixel the mean of
+    a factor x factor square, the last cell of a side that `factor` does not divide the mean of what it
+    covers; the images themselves at factor 1. An LLFF scene's images_4 reduced by 2 are its images_8, as
+    LLFF made them (by area)."""
+    if factor == 1:
+        return images
+    return F.avg_pool2d(images.float(), factor, ceil_mode=True)
+
+
+def working_pyramid(
+    images: Float[Tensor, "views 3 height width"], levels: int, factor: int = 1
+) -> Float[Tensor, "views channels height width"]:
+    """The blurred colours the prior's spread compares besides the images' own, at the images' size: at
+    `factor` 1 `colour_pyramid(images, levels)` (levels 1 .. levels - 1; level 0 is the images); at a
+    larger working factor all `levels` levels of the working images (`working_images`; level 0 is the
+    working image itself), each upsampled back to the images' size, `3 levels` channels. So the spread
+    compares the same patches of a scene whatever the resolution its images come at."""
+    if factor == 1:
+        return colour_pyramid(images, levels)
+    height, width = images.shape[-2:]
+    level = working_images(images, factor)
+    out = [F.interpolate(level, size=(height, width), mode="bilinear", align_corners=False)]
+    for _ in range(levels - 1):
+        level = F.avg_pool2d(level, 2, ceil_mode=True)
+        out.append(F.interpolate(level, size=(height, width), mode="bilinear", align_corners=False))
+    return torch.cat(out, dim=1)
+
+
 def colour_pyramid(
     images: Float[Tensor, "views 3 height width"], levels: int
 ) -> Float[Tensor, "views channels height width"]:
@@ -99,16 +128,21 @@ def pyramid_colour_statistics(
     coarse: Float[Tensor, "*batch coarse"] | None,
     visible: Bool[Tensor, "*batch_views"],
     dim: int,
+    image_is_level0: bool = True,
 ) -> tuple[Float[Tensor, "*points 3"], Float[Tensor, "*points"]]:
     """`colour_spread` of the pixels' colours `rgb`, its spread averaged with the spreads of the blurred
-    levels `coarse` (3 channels per level, `colour_pyramid`'s; None: the pixels' alone); views along
-    `dim`, values zero where not visible. The network's layout and the fast renderer's share it."""
+    levels `coarse` (3 channels per level, `working_pyramid`'s; None: the pixels' alone); views along
+    `dim`, values zero where not visible. Without `image_is_level0` (a working factor above 1) `coarse`
+    holds every level and the spread is theirs alone; the mean colour is the pixels' either way. The
+    network's layout and the fast renderer's share it."""
     mean, spread = colour_spread(rgb, visible, dim=dim)
     if coarse is not None:
         levels = coarse.shape[-1] // 3
+        if not image_is_level0:
+            spread = torch.zeros_like(spread)
         for level in range(levels):
             spread = spread + colour_spread(coarse[..., 3 * level : 3 * level + 3], visible, dim=dim)[1]
-        spread = spread / (1 + levels)
+        spread = spread / (levels + image_is_level0)
     return mean, spread
 
 
@@ -171,14 +205,15 @@ class ConsistencyFeatures(nn.Module):
         # Reading the maps as if their corners met the image's (align_corners, as the encoder's learned
         # features are read) would put a view's feature up to 0.75 of its stride off, by an amount that
         # varies across the image, so across the views: the views then agree best a few pixels off the
-        # surface. The read goes through `feature_pixels` instead.
+        # surface. The read goes through `feature_read(...).feature_pixels` instead.
         pools = sum(1 for i in range(layer) if i in (1, 2))
         self.stride = 4 * 2**pools
         self.offset = {0: 3.0, 1: 7.0, 2: 15.0}[pools]
 
-    def feature_pixels(self, pixels: Float[Tensor, "*batch 2"]) -> Float[Tensor, "*batch 2"]:
-        """Image pixel coordinates -> the same points in the feature maps' pixel coordinates."""
-        return (pixels - self.offset) / self.stride
+    def feature_read(self, working_factor: int = 1) -> FeatureRead:
+        """Where a pixel of an image reads these features when they were extracted from its working image,
+        `working_factor` times smaller (`working_images`)."""
+        return FeatureRead(float(self.stride), self.offset, float(working_factor))
 
     def forward(self, images: Float[Tensor, "views 3 h w"]) -> Float[Tensor, "views channels fh fw"]:
         """Source images in [0, 1] -> unit-length features, fp32, without gradients (whatever autocast
@@ -277,15 +312,17 @@ def principal_directions(maps: Float[Tensor, "views channels h w"], dims: int) -
 
 @dataclass(frozen=True)
 class FeatureRead:
-    """Where an image pixel `x` reads a view's consistency feature maps: at feature pixel
-    `((x + 1/2) / scale - 1/2 - offset) / stride`, i.e. `ConsistencyFeatures.feature_pixels` of the pixel's
-    place in the image the features were extracted from, `scale` times smaller than the one rendered."""
+    """Where an image pixel `x` reads a view's consistency feature maps (`ConsistencyFeatures.feature_read`):
+    at feature pixel `((x + 1/2) / scale - 1/2 - offset) / stride`: the pixel's place in the image the
+    features were extracted from, `scale` times smaller than the one rendered, then the feature pixel
+    whose receptive field is centred there (`offset`, `stride`: `ConsistencyFeatures`'s)."""
 
     stride: float
     offset: float
     scale: float = 1.0
 
     def feature_pixels(self, pixels: Float[Tensor, "*batch 2"]) -> Float[Tensor, "*batch 2"]:
+        """Image pixel coordinates -> the same points in the feature maps' pixel coordinates."""
         if self.scale != 1.0:
             pixels = (pixels + 0.5) / self.scale - 0.5
         return (pixels - self.offset) / self.stride

@@ -59,9 +59,10 @@ from pola_gnt.model.backbone import AlexNetEncoder
 from pola_gnt.model.consistency_prior import (
     ConsistencyFeatures,
     angle_weights,
-    colour_pyramid,
     feature_spread,
     pyramid_colour_statistics,
+    working_images,
+    working_pyramid,
 )
 from pola_gnt.model.encoder import ImageEncoder
 from pola_gnt.model.settings import NetSettings
@@ -76,40 +77,45 @@ class SourceViews:
     features: Float[Tensor, "views channels h w"]  # encoder output (any resolution: sampled in normalised coordinates)
     c2w: Float[Tensor, "views 4 4"]  # OpenCV camera-to-world
     intrinsics: Float[Tensor, "views 3 3"]  # for the images' (height, width)
-    # colour_pyramid's results by level count: a render reads the same views chunk after chunk.
-    _pyramids: dict[int, Tensor] = field(default_factory=dict, repr=False, compare=False)
-    # ConsistencyFeatures' maps by its (layer, dims), the same way
-    _consistency_maps: dict[tuple[int, int], Tensor] = field(default_factory=dict, repr=False, compare=False)
+    # What the consistency prior computes of these views, once (a render reads the same views chunk after
+    # chunk): its colours by (kind, levels, working factor), ConsistencyFeatures' maps by (layer, dims, factor).
+    _colours: dict[tuple[str, int, int], Tensor] = field(default_factory=dict, repr=False, compare=False)
+    _consistency_maps: dict[tuple[int, int, int], Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def centers(self) -> Float[Tensor, "views 3"]:
         """Camera centres `[views, 3]`."""
         return self.c2w[:, :3, 3]
 
-    def coarse_colours(self, levels: int) -> Float[Tensor, "views channels height width"]:
-        """`colour_pyramid(images, levels)` of these views, computed once."""
-        if levels not in self._pyramids:
-            self._pyramids[levels] = colour_pyramid(self.images, levels)
-        return self._pyramids[levels]
+    def coarse_colours(self, levels: int, factor: int = 1) -> Float[Tensor, "views channels height width"]:
+        """`working_pyramid(images, levels, factor)` of these views, computed once."""
+        key = ("coarse", levels, factor)
+        if key not in self._colours:
+            self._colours[key] = working_pyramid(self.images, levels, factor)
+        return self._colours[key]
 
-    def prior_colours(self, levels: int) -> Float[Tensor, "views channels height width"]:
-        """The images and their `coarse_colours(levels)` side by side, fp32, channels last (each pixel's
-        colours at every level together, as the prior's kernel reads them), computed once."""
-        if -levels not in self._pyramids:  # (negative keys: these, beside coarse_colours' own)
-            colours = torch.cat([self.images.float(), self.coarse_colours(levels)], dim=1)
-            self._pyramids[-levels] = colours.contiguous(memory_format=torch.channels_last)
-        return self._pyramids[-levels]
+    def prior_colours(self, levels: int, factor: int = 1) -> Float[Tensor, "views channels height width"]:
+        """The images and their `coarse_colours(levels, factor)` side by side, fp32, channels last (each
+        pixel's colours at every level together, as the prior's kernel reads them), computed once."""
+        key = ("prior", levels, factor)
+        if key not in self._colours:
+            colours = torch.cat([self.images.float(), self.coarse_colours(levels, factor)], dim=1)
+            self._colours[key] = colours.contiguous(memory_format=torch.channels_last)
+        return self._colours[key]
 
-    def consistency_maps(self, extractor: ConsistencyFeatures) -> Float[Tensor, "views channels h w"]:
-        """`extractor(images)` of these views, computed once (or as `keep_consistency_maps` gave them)."""
-        key = (extractor.layer, extractor.dims)
+    def consistency_maps(self, extractor: ConsistencyFeatures, factor: int = 1) -> Float[Tensor, "views channels h w"]:
+        """`extractor` of these views' working images (`working_images(images, factor)`), computed once (or
+        as `keep_consistency_maps` gave them)."""
+        key = (extractor.layer, extractor.dims, factor)
         if key not in self._consistency_maps:
-            self._consistency_maps[key] = extractor(self.images)
+            self._consistency_maps[key] = extractor(working_images(self.images, factor))
         return self._consistency_maps[key]
 
-    def keep_consistency_maps(self, extractor: ConsistencyFeatures, maps: Float[Tensor, "views channels h w"]) -> None:
-        """Give `consistency_maps` what `extractor(images)` would compute (training's `model.feature_cache`)."""
-        self._consistency_maps[(extractor.layer, extractor.dims)] = maps
+    def keep_consistency_maps(
+        self, extractor: ConsistencyFeatures, maps: Float[Tensor, "views channels h w"], factor: int = 1
+    ) -> None:
+        """Give `consistency_maps` what it would compute (training's `model.feature_cache`)."""
+        self._consistency_maps[(extractor.layer, extractor.dims, factor)] = maps
 
 
 @dataclass
@@ -125,11 +131,14 @@ class GatheredSamples:
     values: Float[Tensor, "rays samples views channels"]  # rgb then feature (3 + C), zero where not visible
     visible: Bool[Tensor, "rays samples views"]  # in front of the source camera and inside its image
     rel_dirs: Float[Tensor, "rays samples views 4"]  # GNT's relative direction
-    # the blurred colours `SourceViews.coarse_colours` (3 per level above 0), zero where not visible;
-    # None when not asked for
+    # the blurred colours `SourceViews.coarse_colours` (3 per level), zero where not visible; None when not
+    # asked for
     coarse_rgb: Float[Tensor, "rays samples views coarse"] | None = None
     # `SourceViews.consistency_maps` read there, zero where not visible; None when not asked for
     consistency: Float[Tensor, "rays samples views consistency"] | None = None
+    # whether the images' own colours are the pyramid's level 0 (`coarse_rgb` the levels above it), or
+    # `coarse_rgb` holds every level, of images reduced to their working size (`NetSettings.working_size`)
+    image_is_level0: bool = True
 
 
 def _bilinear_read(
@@ -154,6 +163,7 @@ def gather_source_samples(
     gnt_compatible: bool = False,
     colour_levels: int = 1,
     consistency: ConsistencyFeatures | None = None,
+    working_factor: int = 1,
 ) -> GatheredSamples:
     """Project `points` `[rays, samples, 3]` into every source view and read colour and features.
 
@@ -162,9 +172,11 @@ def gather_source_samples(
     pixel `(u, v)` of the image reads exactly that pixel). Runs in fp32 even under autocast: bf16
     pixel coordinates would be off by pixels. `gnt_compatible`: GNT's edge test (between the outer
     pixel centres), zero padding, values kept where a view does not see the point in front of it, and
-    GNT's relative-direction epsilons (see the module docstring). `colour_levels` > 1 also reads the
+    GNT's relative-direction epsilons (see the module docstring). `colour_levels` (the prior's pyramid
+    levels; 0: no prior) > 1, or 1 at a working factor above 1, also reads the
     blurred colours of `SourceViews.coarse_colours` (`GatheredSamples.coarse_rgb`); `consistency` also reads
-    its feature maps (`SourceViews.consistency_maps`, `GatheredSamples.consistency`).
+    its feature maps (`SourceViews.consistency_maps`, `GatheredSamples.consistency`); both of the images
+    reduced by `working_factor` (`NetSettings.working_factor`; 1: the images themselves).
     """
     n_rays, n_samples, _ = points.shape
     height, width = sources.images.shape[-2:]
@@ -193,20 +205,26 @@ def gather_source_samples(
         in_front = (projection.depth > 0).permute(1, 2, 0) if gnt_compatible else visible
         values = values * in_front[..., None]
         coarse_rgb = None
-        if colour_levels > 1:
-            coarse = _bilinear_read(sources.coarse_colours(colour_levels), grid, padding_mode)
+        if colour_levels > 1 or (colour_levels and working_factor > 1):
+            coarse = _bilinear_read(sources.coarse_colours(colour_levels, working_factor), grid, padding_mode)
             coarse_rgb = coarse.unflatten(1, (n_rays, n_samples)).permute(1, 2, 0, 3) * in_front[..., None]
         consistency_values = None
         if consistency is not None:
-            maps = sources.consistency_maps(consistency)
-            feature_grid = pixels_to_grid(consistency.feature_pixels(projection.pixels), *maps.shape[-2:]).flatten(1, 2)
+            maps = sources.consistency_maps(consistency, working_factor)
+            feature_pixels = consistency.feature_read(working_factor).feature_pixels(projection.pixels)
+            feature_grid = pixels_to_grid(feature_pixels, *maps.shape[-2:]).flatten(1, 2)
             read = _bilinear_read(maps, feature_grid, padding_mode)
             consistency_values = read.unflatten(1, (n_rays, n_samples)).permute(1, 2, 0, 3) * in_front[..., None]
         rel_dirs = relative_directions(
             points, target_centers[:, None, :].float(), sources.centers.float(), gnt_epsilons=gnt_compatible
         )
     return GatheredSamples(
-        values=values, visible=visible, rel_dirs=rel_dirs, coarse_rgb=coarse_rgb, consistency=consistency_values
+        values=values,
+        visible=visible,
+        rel_dirs=rel_dirs,
+        coarse_rgb=coarse_rgb,
+        consistency=consistency_values,
+        image_is_level0=working_factor == 1,
     )
 
 
@@ -293,14 +311,17 @@ def source_colour_statistics(
     deviation over the visible views averaged over the channels (the photo-consistency of multi-view
     stereo: near 0 where the sample lies on a surface that the views see alike, large in empty space
     in front of or behind textured surfaces). With `gathered.coarse_rgb` the spread is the mean of
-    the spreads at every level of the blur pyramid (`colour_pyramid`), level 0 the pixels' own.
+    the spreads at every level of the blur pyramid (`working_pyramid`), level 0 the pixels' own (or,
+    at a working size, the reduced image's).
     Samples seen by fewer than two views have no spread to measure and get the largest value any
     sample has, 1 / 2 (colours are in [0, 1]). With `gathered.consistency`, `feature_weight` times the
     spread of those features (`feature_spread`) is added to the spread. A positive
     `view_angle_weighting` weighs the mean by `angle_weights` (the spread stays over all views alike:
     it measures agreement)."""
     rgb = gathered.values[..., :3]  # zero where not visible
-    mean, spread = pyramid_colour_statistics(rgb, gathered.coarse_rgb, gathered.visible, dim=2)
+    mean, spread = pyramid_colour_statistics(
+        rgb, gathered.coarse_rgb, gathered.visible, dim=2, image_is_level0=gathered.image_is_level0
+    )
     if gathered.consistency is not None:
         spread = spread + feature_weight * feature_spread(gathered.consistency, gathered.visible, dim=2)
     if view_angle_weighting:
@@ -487,8 +508,15 @@ class GNT(nn.Module):
             else None
         )
 
+    def working_factor(self, images: Float[Tensor, "views 3 height width"]) -> int:
+        """The whole factor by which the source `images` are reduced for their own work
+        (`NetSettings.working_size`: the encoder's input, the prior's pyramid and features)."""
+        return self.settings.working_factor(*images.shape[-2:])
+
     def encoder_input(self, images: Float[Tensor, "views 3 height width"]) -> Float[Tensor, "views 3 h w"]:
-        """The source images as the encoder sees them: at `encoder_input_scale` of their size."""
+        """The source images as the encoder sees them: their working images (`working_factor`) at
+        `encoder_input_scale` of their size."""
+        images = working_images(images, self.working_factor(images))
         if self.encoder_input_scale == 1.0:
             return images
         return F.interpolate(
@@ -527,8 +555,9 @@ class GNT(nn.Module):
             rays.origins,
             sources,
             self.gnt_compatible,
-            self.settings.readout_consistency_levels,
+            self.settings.readout_consistency_levels if self.readout.needs_source_colours else 0,
             self.consistency_features,
+            self.working_factor(sources.images),
         )
         seen = gathered.visible.any(dim=-1)  # [rays, samples]
 

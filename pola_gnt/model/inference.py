@@ -319,18 +319,20 @@ class FastRenderNetwork:
         """The read-out's consistency prior of every sample (`render_kernels.prior_statistics`), with the
         source colours it read there."""
         settings = self.net.settings
+        factor = self.net.working_factor(views.images)
         extractor = self.net.consistency_features
         features, feature_read = None, FeatureRead(1.0, 0.0)
         if extractor is not None:
-            features, feature_read = views.consistency_maps(extractor), FeatureRead(extractor.stride, extractor.offset)
+            features = views.consistency_maps(extractor, factor)
+            feature_read = extractor.feature_read(factor)
         temperature = settings.readout_view_angle_weighting
         return render_kernels.prior_statistics(
-            views.prior_colours(settings.readout_consistency_levels),
+            views.prior_colours(settings.readout_consistency_levels, factor),
             grid,
             visible,
             features,
             rel_dirs[..., 3].flatten(0, 1) if temperature else None,
-            0,
+            0 if factor == 1 else 1,  # the spread's first level: the image's own colours, or the working image's
             feature_read,
             settings.readout_consistency_features,
             temperature,

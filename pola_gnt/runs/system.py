@@ -29,6 +29,7 @@ from pola_gnt.evaluation.scoring import (
     write_results,
 )
 from pola_gnt.model.backbone import AlexNetEncoder
+from pola_gnt.model.consistency_prior import working_images
 from pola_gnt.model.feature_cache import FrozenFeatureCache
 from pola_gnt.model.gnt import GNT, RayOutput, SourceViews
 from pola_gnt.model.inference import (
@@ -128,8 +129,9 @@ class GNTSystem(pl.LightningModule):
         features = cache.encode(self.net, sources.images, sources.image_keys)
         views = SourceViews(images=sources.images, features=features, c2w=sources.c2w, intrinsics=sources.intrinsics)
         if self.net.consistency_features is not None:
-            maps = cache.consistency_maps(self.net, sources.images, sources.image_keys)
-            views.keep_consistency_maps(self.net.consistency_features, maps)
+            factor = self.net.working_factor(sources.images)
+            maps = cache.consistency_maps(self.net, working_images(sources.images, factor), sources.image_keys)
+            views.keep_consistency_maps(self.net.consistency_features, maps, factor)
         return views
 
     def on_train_start(self) -> None:

@@ -545,7 +545,7 @@ at::Tensor softmax_ray_attention(const at::Tensor& qkv, const at::Tensor& mask, 
 // `colours` holds each view's image (channels 0-2) and blurred levels (3 channels each); the spread's levels
 // are the 3-channel groups from `first_level` on (0: the image is level 0). The features are read at the
 // image pixel's place in the feature map, ((pixel + 1/2) / feature_scale - 1/2 - offset) / stride, border
-// padded, as `ConsistencyFeatures.feature_pixels` reads them. Reads, spreads and weights as
+// padded, as `FeatureRead.feature_pixels` reads them. Reads, spreads and weights as
 // `consistency_prior.view_major_statistics` computes them (its PyTorch form), in float32.
 
 constexpr int64_t kMaxPriorViews = 32;

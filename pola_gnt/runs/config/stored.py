@@ -79,9 +79,11 @@ def stored_run_config(checkpoint: dict, path: Path) -> DictConfig:
 # Dropout shapes training only; the views' angle weighting and the number of feature directions are
 # choices of how the same weights render (no parameters of their own), e.g. on a scene the model never saw.
 # The learned scores' bound has no parameters either: a fine-tuning run may lift it (0) to let the scores
-# leave the prior where one scene's views call for it.
+# leave the prior where one scene's views call for it. The working size chooses the images the same weights
+# see (a network trained at one resolution rendering another).
 WEIGHTLESS_NET_KEYS = (
     "dropout",
+    "working_size",
     "readout_view_angle_weighting",
     "readout_consistency_feature_dims",
     "readout_score_bound",
