@@ -14,7 +14,7 @@ most half a sample spacing further than the surface itself."""
 from __future__ import annotations
 
 import numpy as np
-from scipy.spatial import cKDTree
+from scipy.spatial import KDTree
 
 
 def extent(points: np.ndarray) -> float:
@@ -27,8 +27,8 @@ def point_cloud_scores(cloud: np.ndarray, reference: np.ndarray, fraction: float
     `reference` `[m, 3]` (module docstring), with the threshold and extent they used."""
     if len(cloud) == 0 or len(reference) == 0:
         raise ValueError("point_cloud_scores: an empty point set")
-    to_reference, _ = cKDTree(reference).query(cloud, workers=-1)
-    to_cloud, _ = cKDTree(cloud).query(reference, workers=-1)
+    to_reference, _ = KDTree(reference).query(cloud, workers=-1)
+    to_cloud, _ = KDTree(cloud).query(reference, workers=-1)
     size = extent(reference)
     threshold = fraction * size
     precision = float(np.mean(to_reference <= threshold))

@@ -64,7 +64,7 @@ def integrate(
     voxel: float,
     size: tuple[int, int, int],
     truncation: float,
-    progress: Callable[[], None] | None = None,
+    progress: Callable[[], object] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The averaged truncated distance `[X, Y, Z]` (in truncation units, in [-1, 1]), its weight (views
     that saw the voxel) and the averaged colour `[X, Y, Z, 3]`."""
@@ -142,7 +142,7 @@ def tsdf_mesh(
     points: Tensor,
     resolution: int,
     truncation_voxels: float,
-    progress: Callable[[], None] | None = None,
+    progress: Callable[[], object] | None = None,
 ) -> tuple[Mesh, dict[str, float | list[int]]]:
     """The mesh of the kept pixels (`masks`) of `rendered`, on a grid around `points` `[n, 3]`; and the
     grid's record (voxel side, size)."""
