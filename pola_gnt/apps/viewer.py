@@ -279,7 +279,7 @@ class ClientView:
             clouds = [EXPORTED, LIVE] if self.app.exported is not None else [LIVE]
             self.cloud = gui.add_dropdown("Point cloud", clouds, initial_value=clouds[0])
             self.cloud_shown = gui.add_checkbox("Show points", initial_value=self.app.exported is not None)
-            size = self.app.frustum_scale / 20
+            size = self.app.point_size
             self.point_size = gui.add_slider(
                 "Point size", min=size / 10, max=size * 5, step=size / 10, initial_value=size
             )
@@ -326,6 +326,7 @@ class ClientView:
         current camera renders again (the camera may have moved meanwhile)."""
         if self.mode.value == NO_IMAGE:
             self.client.scene.set_background_image(None)
+            self.status.content = "Nothing rendered: the geometry alone"
             with self.changed:
                 self.generation += 1  # the render in progress stops at its next chunk
             return
@@ -579,6 +580,9 @@ class ViewerApp:
         self.exported = shown_subset(read_point_cloud(Path(settings.point_cloud))) if settings.point_cloud else None
         centres = scene.cameras.c2w[:, :3, 3]
         self.frustum_scale = 0.1 * float((centres - centres.mean(0)).norm(dim=-1).max().clamp(min=1e-3))
+        # Points about 3 full-size pixels wide at the depth the training cameras look at.
+        focal = float(scene.cameras.intrinsics[scene.train_ids[0], 1, 1])
+        self.point_size = 3.0 * orbit_depth(scene, scene.cameras.c2w[scene.train_ids[0]]) / focal
         port = settings.port or free_port(settings.host)
         self.server = viser.ViserServer(host=settings.host, port=port, verbose=False)
         self.port = self.server.get_port()
