@@ -10,6 +10,7 @@ The camera set is rendered once (as the export renders it; `--cache` keeps the r
 grid), then every combination of the grid is filtered and fused from the same renders. References:
 - `exact`: the demo scene's (and generated scenes') exact depth of every view, unprojected: the surface
   the cameras see;
+- `none`: no scores, the points kept and the filters' time only;
 - `colmap`: a sparse reconstruction of the scene's images by pycolmap (SIFT, exhaustive matching,
   incremental mapping: `data.colmap.run_sfm`), brought into the scene's frame by the similarity that
   best maps its cameras onto the scene's (Umeyama on the centres): a sanity bound where no exact
@@ -99,6 +100,10 @@ def colmap_reference(scene: Any, say: Any) -> tuple[Any, dict[str, Any]]:
     return fit.apply(points), record
 
 
+def row_keys(confidence: str, minimum: float, views: int) -> dict[str, Any]:
+    return {"confidence": confidence, "min_confidence": minimum, "consistent_views": views}
+
+
 def parse_list(text: str, kind: type) -> list:
     return [kind(item) for item in text.split(",") if item]
 
@@ -109,7 +114,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="+", help="the export's overrides: ckpt_path=CKPT scene=NAME export.*=...")
     parser.add_argument("--out", type=Path, required=True, help="the rows as JSON")
     parser.add_argument("--cache", type=Path, help="keep the renders here (and read them back when present)")
-    parser.add_argument("--reference", choices=("exact", "colmap"), default="exact")
+    parser.add_argument("--reference", choices=("exact", "colmap", "none"), default="exact", help="none: times only")
     parser.add_argument("--confidence", default="peak", help="comma-separated export.confidence kinds")
     parser.add_argument("--min-confidence", default="0", help="comma-separated export.min_confidence values")
     parser.add_argument("--consistent-views", default="0,1", help="comma-separated export.consistent_views values")
@@ -148,7 +153,10 @@ def main() -> None:
         render_s = time.perf_counter() - started
         if args.cache is not None:
             torch.save((rendered, render_s), args.cache)
-    if args.reference == "exact":
+    reference = None
+    if args.reference == "none":
+        reference_record = {"kind": "none: points and times only"}
+    elif args.reference == "exact":
         reference, reference_record = exact_reference(settings, scene), {"kind": "exact depth of every view"}
     else:
         reference, reference_record = colmap_reference(scene, lambda line: print(f"colmap      {line}", flush=True))
@@ -168,13 +176,17 @@ def main() -> None:
         started = time.perf_counter()
         kept = kept_pixels(rendered, export)
         if not kept.counts["consistent"]:
-            rows.append({"confidence": confidence, "min_confidence": minimum, "consistent_views": views, "points": 0})
+            rows.append({**row_keys(confidence, minimum, views), "points": 0})
             continue
         cloud, counts = fuse_point_cloud(rendered, kept, export, settings.seed)
         filter_s = time.perf_counter() - started
+        row = {**row_keys(confidence, minimum, views), "filter_s": round(filter_s, 3), "counts": counts}
+        if reference is None:
+            rows.append({**row, "points": len(cloud)})
+            print(f"{confidence:>9} >= {minimum:<5g} views >= {views}: {len(cloud):>8} points ({filter_s:.2f} s)")
+            continue
         scores = point_cloud_scores(cloud.points.astype("float64"), reference, args.fraction)
-        row = {"confidence": confidence, "min_confidence": minimum, "consistent_views": views}
-        rows.append({**row, **scores, "filter_s": round(filter_s, 3), "counts": counts})
+        rows.append({**row, **scores})
         print(
             f"{confidence:>9} >= {minimum:<5g} views >= {views}: {scores['points']:>8} points, accuracy "
             f"{scores['accuracy']:.4f}, completeness {scores['completeness']:.4f}, precision "

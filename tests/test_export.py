@@ -251,7 +251,9 @@ def export(tiny_checkpoint: Path, run_dir: Path, *overrides: str):
 
 def test_export_writes_every_output(tmp_path, tiny_checkpoint):
     everything = "export.outputs=[pointcloud,mesh,depth,cameras]"
-    result = export(tiny_checkpoint, tmp_path, everything, "export.mesh_resolution=32")
+    # The tiny model's depth agrees little between views: filters loose enough for a mesh of 3 views.
+    loose = ("export.min_confidence=0", "export.consistent_views=1")
+    result = export(tiny_checkpoint, tmp_path, everything, "export.mesh_resolution=32", *loose)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((tmp_path / RECORD_FILE).read_text())
     assert record["views"] == ["image001", "image006", "image013"]  # 3 of the 17 training views, evenly spaced
