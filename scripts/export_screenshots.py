@@ -5,8 +5,9 @@ oblique viewpoint turned about the point the cameras look at.
     python scripts/export_screenshots.py ckpt_path=CKPT [scene=NAME ...] --ply FILE.ply --out DIR \
         [--name NAME] [--turn 35] [--lift 0.3] [--back 1.3] [--point-size S]
 
-Writes DIR/NAME_front.png and DIR/NAME_oblique.png (`apt-get install chromium`; the browser is driven as
-in `scripts/viewer_screenshots.py`).
+`--mesh mesh.ply` shows the export's mesh instead of its points. Writes DIR/NAME_front.png and
+DIR/NAME_oblique.png (`apt-get install chromium`; the browser is driven as in
+`scripts/viewer_screenshots.py`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("overrides", nargs="+", help="the viewer's overrides: ckpt_path=CKPT [scene=NAME ...]")
     parser.add_argument("--ply", type=Path, required=True)
+    parser.add_argument("--mesh", type=Path, help="an exported mesh.ply shown instead of the points (trimesh, viser's)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--name", default="pointcloud")
     parser.add_argument("--turn", type=float, default=35.0, help="oblique view: degrees turned about the up axis")
@@ -67,6 +69,11 @@ def main() -> None:
             shots.wait_until(lambda: bool(app.clients), args.timeout, "page connected")
             view = next(iter(app.clients.values()))
             view.mode.value = "Nothing"  # the point cloud alone: no render behind it
+            if args.mesh is not None:
+                import trimesh  # viser's own dependency
+
+                view.cloud_shown.value = False
+                app.server.scene.add_mesh_trimesh("/geometry/mesh", trimesh.load(args.mesh))
             if args.point_size is not None:
                 view.point_size.value = args.point_size
             scene = app.renderer.scene

@@ -580,9 +580,10 @@ class ViewerApp:
         self.exported = shown_subset(read_point_cloud(Path(settings.point_cloud))) if settings.point_cloud else None
         centres = scene.cameras.c2w[:, :3, 3]
         self.frustum_scale = 0.1 * float((centres - centres.mean(0)).norm(dim=-1).max().clamp(min=1e-3))
-        # Points about 3 full-size pixels wide at the depth the training cameras look at.
+        # Points a full-size pixel wide at the depth the training cameras look at (viser draws them about
+        # twice their size: an export at half the scene's size then leaves no gaps).
         focal = float(scene.cameras.intrinsics[scene.train_ids[0], 1, 1])
-        self.point_size = 3.0 * orbit_depth(scene, scene.cameras.c2w[scene.train_ids[0]]) / focal
+        self.point_size = orbit_depth(scene, scene.cameras.c2w[scene.train_ids[0]]) / focal
         port = settings.port or free_port(settings.host)
         self.server = viser.ViserServer(host=settings.host, port=port, verbose=False)
         self.port = self.server.get_port()
