@@ -79,7 +79,7 @@ def colmap_reference(scene: Any, say: Any) -> tuple[Any, dict[str, Any]]:
         for name, image in zip(scene.image_names, scene.images):
             iio.imwrite(image_dir / f"{Path(name).stem}.png", to_uint8(image))
         result = run_sfm(image_dir, Path(work), len(scene.image_names), options, say, tqdm)
-    model = result.model
+    model = result.reconstruction
     if model is None:
         raise UserError(f"--reference colmap: pycolmap registered no model from {scene.name}'s images")
     registered = registered_images(model)
