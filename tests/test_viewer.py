@@ -1,8 +1,9 @@
 """The web viewer (`apps/viewer.py`, `python -m pola_gnt.view`): the server starts on a free port and
 serves the page, a render request returns the renderer's image for that camera (preview, then full
 size), the opening camera is rendered with no move and the page follows the full image to done, a
-render error is shown and leaves the server answering, and a real browser shows it (where Chromium
-is installed)."""
+render error is shown and leaves the server answering, the point cloud (an exported PLY or the live
+points of the renders) toggles and `Show: Nothing` renders nothing, and a real browser shows it
+(where Chromium is installed)."""
 
 from __future__ import annotations
 
