@@ -315,3 +315,25 @@ def test_bad_input_is_one_error_line(tmp_path, tiny_checkpoint, monkeypatch):
     result = export(tiny_checkpoint, tmp_path / "e", "export.outputs=[mesh]")
     assert_one_error_line(result, "scikit-image", '".[export]"')
     assert not (tmp_path / "e" / RECORD_FILE).exists()
+
+
+def test_render_rays_gives_the_read_outs_peak_weight():
+    """`render_rays(peak_weights=)`: per ray the largest of the read-out's weights, as the network's own
+    forward gives them, in ray order whatever the chunks and workers; colour and depth unchanged."""
+    from pola_gnt.model.renderer import render_rays
+    from pola_gnt.model.sampler import DepthSampler
+    from tests.test_render_precision import _net, _rig
+
+    net = _net("pola_gnt")
+    sources, rays, _ = _rig(net)
+    sampler, depth_range = DepthSampler(16), (1.0, 12.0)
+    with torch.inference_mode():
+        direct = net(rays, sampler(rays, depth_range), sources)
+    plain = render_rays(net, rays, sources, depth_range, sampler, 100)
+    for workers in (1, 2):
+        peaks: list[torch.Tensor] = []
+        rgb, depth = render_rays(net, rays, sources, depth_range, sampler, 100, workers, peak_weights=peaks)
+        assert torch.equal(rgb, plain[0]) and torch.equal(depth, plain[1])
+        peak = torch.cat(peaks)
+        assert peak.shape == (len(rays),) and (peak > 0).all() and (peak <= 1 + 1e-6).all()
+        assert torch.allclose(peak, direct.weights.float().amax(dim=-1), atol=1e-5)
