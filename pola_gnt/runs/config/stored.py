@@ -123,6 +123,7 @@ COMMAND_SECTIONS = (
     "trainer",
     "video",
     "view",
+    "export",
     "analyze",
     "benchmark",
     "ckpt_path",
@@ -239,7 +240,7 @@ def run_config_with_overrides(
       as setting every key its file sets;
     - `model=NAME` must name the checkpoint's model and `model.net.*` keys must equal the
       checkpoint's: a network cannot change after training (UserError naming what differs);
-    - `trainer`, `video`, `view`, `analyze`, `benchmark`, `ckpt_path`, the render keys of the machine
+    - `trainer`, `video`, `view`, `analyze`, `benchmark`, `export`, `ckpt_path`, the render keys of the machine
       (`render.chunk_rays`, `render.max_memory_mb`, `render.precision`, `render.workers`) and the training cache's
       size (`model.net.encoder.feature_cache_mb`) always come from `cfg` (`COMMAND_SECTIONS`).
     Keys the checkpoint lacks (added to the project after it was saved) take `cfg`'s defaults.
