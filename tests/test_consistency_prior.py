@@ -16,7 +16,9 @@ from pola_gnt.geometry.projection import pixels_to_grid, project_points
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays, points_along_rays
 from pola_gnt.model import render_kernels
 from pola_gnt.model.consistency_prior import (
+    ConsistencyFeatures,
     FeatureRead,
+    PriorImageCache,
     colour_pyramid,
     view_major_statistics,
     working_images,
@@ -243,3 +245,33 @@ def test_a_network_at_a_working_size_renders_twice_the_resolution_as_it_renders_
                 (doubled.depth - base.depth).abs().mean().item(),
             )
     assert errors[64][0] < errors[0][0] / 3 and errors[64][1] < errors[0][1] / 3, errors
+
+
+@pytest.mark.parametrize("working_size", [0, 32], ids=["own size", "working factor 2"])
+def test_the_prior_kept_per_image_is_the_prior_of_the_set(lpips_alex_weights, working_size):
+    """`GNT.prior_image` of each view, kept (`PriorImageCache`) and given to a set of views
+    (`SourceViews.keep_prior_images`), is what the set computes itself, bit for bit: the pyramid and the
+    features are per image, and the features' projection comes from the set's summed moments."""
+    net = _net("pola_gnt", **SHIPPED_READOUT, working_size=working_size, encoder_input_scale=1.0)
+    net.consistency_features = ConsistencyFeatures(2, str(lpips_alex_weights), dims=16)
+    images = torch.rand(5, 3, 40, 64, generator=torch.Generator().manual_seed(9))
+    cameras = torch.eye(4).repeat(5, 1, 1), torch.eye(3).repeat(5, 1, 1)
+    cache = PriorImageCache()
+    computed: list[int] = []
+
+    def prior(view: int):
+        computed.append(view)
+        return net.prior_image(images[view : view + 1])
+
+    factor = net.working_factor(images)
+    for views in ([0, 1, 2, 3], [2, 3, 4, 0]):
+        fresh = SourceViews(images[views], images.new_zeros(4, 2, 3, 3), cameras[0][views], cameras[1][views])
+        kept = SourceViews(images[views], images.new_zeros(4, 2, 3, 3), cameras[0][views], cameras[1][views])
+        kept.keep_prior_images(net, [cache.get(view, lambda view=view: prior(view)) for view in views])
+        assert torch.equal(kept.coarse_colours(4, factor), fresh.coarse_colours(4, factor))
+        extractor = net.consistency_features
+        assert torch.equal(kept.consistency_maps(extractor, factor), fresh.consistency_maps(extractor, factor))
+    assert computed == [0, 1, 2, 3, 4]  # each image once
+    small = PriorImageCache(max_mb=1.5 * cache.entries[0].nbytes / 2**20)  # room for one image
+    small.get(0, lambda: prior(0)), small.get(1, lambda: prior(1))
+    assert list(small.entries) == [1]

@@ -20,6 +20,8 @@ statistics; the first in the tokens' layout, the second view-major.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import torch
@@ -274,6 +276,47 @@ class ImageFeatures:
     @property
     def nbytes(self) -> int:
         return self.maps.nbytes + (self.moments.nbytes if self.moments is not None else 0)
+
+
+@dataclass(frozen=True)
+class PriorImage:
+    """What the prior computes of one source image alone (`GNT.prior_image`), so once per scene for all
+    its renders: its blurred levels at its size (`working_pyramid`, None when the spread reads none) and
+    its consistency features with their moments (None without them). A set of views takes these side by
+    side (`SourceViews.keep_prior_images`): the same values as computing them for the set."""
+
+    coarse: Float[Tensor, "1 channels height width"] | None
+    features: ImageFeatures | None
+
+    @property
+    def nbytes(self) -> int:
+        return (0 if self.coarse is None else self.coarse.nbytes) + (
+            0 if self.features is None else self.features.nbytes
+        )
+
+
+class PriorImageCache:
+    """`PriorImage`s by the caller's key for a source image (a scene's view), the least recently used
+    leaving first beyond `max_mb` MB: a video or the viewer renders every frame from the training views
+    nearest its camera, mostly the last frame's, and a test phase's views share their sources."""
+
+    def __init__(self, max_mb: float = 1024.0):
+        self.max_bytes = int(max_mb * 2**20)
+        self.entries: OrderedDict[Hashable, PriorImage] = OrderedDict()
+        self.bytes = 0
+
+    def get(self, key: Hashable, compute: Callable[[], PriorImage]) -> PriorImage:
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
+            return entry
+        entry = compute()
+        self.entries[key] = entry
+        self.bytes += entry.nbytes
+        while self.bytes > self.max_bytes and len(self.entries) > 1:
+            _, dropped = self.entries.popitem(last=False)
+            self.bytes -= dropped.nbytes
+        return entry
 
 
 def feature_moments(maps: Float[Tensor, "views channels h w"]) -> FeatureMoments:

@@ -46,6 +46,7 @@ the converted weights.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +59,7 @@ from pola_gnt.geometry.rays import Rays, points_along_rays
 from pola_gnt.model.backbone import AlexNetEncoder
 from pola_gnt.model.consistency_prior import (
     ConsistencyFeatures,
+    PriorImage,
     angle_weights,
     feature_spread,
     pyramid_colour_statistics,
@@ -67,6 +69,21 @@ from pola_gnt.model.consistency_prior import (
 from pola_gnt.model.encoder import ImageEncoder
 from pola_gnt.model.settings import NetSettings
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
+
+
+@runtime_checkable
+class RenderingNetwork(Protocol):
+    """What `SourceViews.keep_prior_images` asks of a network: the GNT's, or its render network's
+    (`model.inference.FastRenderNetwork`, which this module cannot import)."""
+
+    @property
+    def settings(self) -> NetSettings: ...
+
+    @property
+    def consistency_features(self) -> ConsistencyFeatures | None: ...
+
+    def working_factor(self, images: Tensor) -> int: ...
+
 
 GNT_NORM_EPS = 1e-6  # the epsilon of the LayerNorms in GNT's transformer blocks (its read-out's: 1e-5)
 
@@ -116,6 +133,19 @@ class SourceViews:
     ) -> None:
         """Give `consistency_maps` what it would compute (training's `model.feature_cache`)."""
         self._consistency_maps[(extractor.layer, extractor.dims, factor)] = maps
+
+    def keep_prior_images(self, net: RenderingNetwork, images: list[PriorImage]) -> None:
+        """Give `coarse_colours` and `consistency_maps` what they would compute for `net` (the GNT or its
+        render network), from each view's `net.prior_image` (kept for a scene's renders: `PriorImageCache`);
+        the same values."""
+        factor = net.working_factor(self.images)
+        if images and images[0].coarse is not None:
+            coarse = torch.cat([image.coarse for image in images if image.coarse is not None])
+            self._colours[("coarse", net.settings.readout_consistency_levels, factor)] = coarse
+        extractor = net.consistency_features
+        if extractor is not None:
+            features = [image.features for image in images if image.features is not None]
+            self.keep_consistency_maps(extractor, extractor.combine(features), factor)
 
 
 @dataclass
@@ -507,6 +537,18 @@ class GNT(nn.Module):
             if settings.readout_consistency_features
             else None
         )
+
+    def prior_image(self, image: Float[Tensor, "1 3 height width"]) -> PriorImage:
+        """What the read-out's prior computes of one source image alone, for a scene's renders
+        (`SourceViews.keep_prior_images`): none of it where the read-out reads no source colours."""
+        coarse, features = None, None
+        if self.readout.needs_source_colours:
+            factor, levels = self.working_factor(image), self.settings.readout_consistency_levels
+            if levels > 1 or factor > 1:
+                coarse = working_pyramid(image, levels, factor)
+            if self.consistency_features is not None:
+                features = self.consistency_features.image_features(working_images(image, factor))
+        return PriorImage(coarse, features)
 
     def working_factor(self, images: Float[Tensor, "views 3 height width"]) -> int:
         """The whole factor by which the source `images` are reduced for their own work

@@ -50,10 +50,10 @@ from pola_gnt.attention.modules import ViewAttention
 from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
 from pola_gnt.geometry.rays import Rays, points_along_rays
 from pola_gnt.model import render_kernels
-from pola_gnt.model.consistency_prior import FeatureRead
+from pola_gnt.model.consistency_prior import ConsistencyFeatures, FeatureRead, PriorImage
 from pola_gnt.model.fused_linear import FusedLinear, fuse_linear_layers, fused_linear
 from pola_gnt.model.gnt import GNT, GNTBlock, RayOutput, SourceViews, sinusoidal_encoding
-from pola_gnt.model.settings import PRECISIONS
+from pola_gnt.model.settings import PRECISIONS, NetSettings
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
 
 CPUINFO = Path("/proc/cpuinfo")
@@ -198,12 +198,24 @@ class FastRenderNetwork:
         self._last_projected: ProjectedSources | None = None
 
     @property
-    def settings(self):
+    def settings(self) -> NetSettings:
         return self.net.settings
 
     @property
     def gnt_compatible(self) -> bool:
         return False
+
+    @property
+    def consistency_features(self) -> ConsistencyFeatures | None:
+        return self.net.consistency_features
+
+    def working_factor(self, images: Float[Tensor, "views 3 height width"]) -> int:
+        return self.net.working_factor(images)
+
+    def prior_image(self, image: Float[Tensor, "1 3 height width"]) -> PriorImage:
+        """The GNT's `prior_image` (fp32, whatever autocast is around)."""
+        with torch.autocast(image.device.type, enabled=False):
+            return self.net.prior_image(image)
 
     # ---- source views ----------------------------------------------------------------------------
 

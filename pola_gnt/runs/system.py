@@ -29,7 +29,7 @@ from pola_gnt.evaluation.scoring import (
     write_results,
 )
 from pola_gnt.model.backbone import AlexNetEncoder
-from pola_gnt.model.consistency_prior import working_images
+from pola_gnt.model.consistency_prior import PriorImageCache, working_images
 from pola_gnt.model.feature_cache import FrozenFeatureCache
 from pola_gnt.model.gnt import GNT, RayOutput, SourceViews
 from pola_gnt.model.inference import (
@@ -93,6 +93,7 @@ class GNTSystem(pl.LightningModule):
         self.training_scenes: list[str] = [settings.scene.name]
         self.init_from: dict | None = None
         self._rendering: GNT | FastRenderNetwork | None = None  # rendering_network's, for one test phase
+        self._prior_images = PriorImageCache()  # the test phase's (`test_step`)
 
     def rendering_network(self, device: torch.device) -> GNT | FastRenderNetwork:
         """What renders full images (test views, videos, the viewer) at `render.precision` on `device`:
@@ -230,6 +231,7 @@ class GNTSystem(pl.LightningModule):
         self.test_results = {protocol: [] for protocol in metrics.protocols}
         self.test_started = time.perf_counter()
         self._rendering = self.rendering_network(self.device)
+        self._prior_images = PriorImageCache()  # by the scene's view: what the prior computes of its image
 
     def test_step(self, batch: ViewBatch, batch_idx: int) -> None:
         scene = self._test_scene()
@@ -238,13 +240,21 @@ class GNTSystem(pl.LightningModule):
         network = self._rendering or self.net
         views = settings.data.num_source_views
         chunk_rays = budget_chunk_rays(settings.render, settings.model.net, views, self.device)
+        sources = network.source_views(batch.sources.images, batch.sources.c2w, batch.sources.intrinsics)
+        # The read-out prior's part of each source image, once per test phase (the test views share sources).
+        images = batch.sources.images
+        prior = [
+            self._prior_images.get(int(view), lambda i=i: network.prior_image(images[i : i + 1]))
+            for i, view in enumerate(batch.sources.ids)
+        ]
+        sources.keep_prior_images(network, prior)
         rendered = render_image(
             network,
             batch.c2w,
             batch.intrinsics,
             height,
             width,
-            network.source_views(batch.sources.images, batch.sources.c2w, batch.sources.intrinsics),
+            sources,
             scene.depth_range,
             self.sampler,
             chunk_rays,
@@ -262,6 +272,7 @@ class GNTSystem(pl.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._rendering = None
+        self._prior_images = PriorImageCache()
         by_protocol = self.test_results
         if self.trainer.world_size > 1:
             gathered: list[dict[str, list[ViewResult]]] = [{} for _ in range(self.trainer.world_size)]
