@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pola_gnt.geometry.projection import pixels_to_grid, project_points
+from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays, points_along_rays
 from pola_gnt.model import render_kernels
 from pola_gnt.model.consistency_prior import (
@@ -275,3 +275,32 @@ def test_the_prior_kept_per_image_is_the_prior_of_the_set(lpips_alex_weights, wo
     small = PriorImageCache(max_mb=1.5 * cache.entries[0].nbytes / 2**20)  # room for one image
     small.get(0, lambda: prior(0)), small.get(1, lambda: prior(1))
     assert list(small.entries) == [1]
+
+
+def test_the_sample_geometry_kernel_is_project_points_and_relative_directions():
+    """`render_kernels.sample_geometry` (float32) against `project_points`, `pixels_to_grid` and
+    `relative_directions` run in float64: the grid to float32 rounding, the same visibility (points in
+    front and behind, inside, outside and around the edges), the directions to float32 rounding."""
+    generator = torch.Generator().manual_seed(11)
+    rays, samples, views, height, width = 40, 16, 5, 30, 44
+    intrinsics = torch.tensor([[38.0, 0.0, width / 2], [0.0, 38.0, height / 2], [0.0, 0.0, 1.0]]).expand(views, 3, 3)
+    angles = (torch.rand(views, generator=generator) - 0.5) * 0.6
+    c2w = torch.eye(4).repeat(views, 1, 1)
+    c2w[:, 0, 0], c2w[:, 0, 2], c2w[:, 2, 0], c2w[:, 2, 2] = angles.cos(), angles.sin(), -angles.sin(), angles.cos()
+    c2w[:, :3, 3] = (torch.rand(views, 3, generator=generator) - 0.5) * 2.0
+    origins = (torch.rand(rays, 3, generator=generator) - 0.5) * 0.5
+    directions = torch.cat([(torch.rand(rays, 2, generator=generator) - 0.5) * 2.5, torch.ones(rays, 1)], dim=1)
+    depths = torch.linspace(-1.0, 8.0, samples)  # some behind every camera
+    points = origins[:, None, :] + depths[None, :, None] * directions[:, None, :]
+    with torch.inference_mode():
+        grid, visible, view_mask, rel_dirs = render_kernels.sample_geometry(
+            points, origins, c2w, intrinsics.clone(), height, width
+        )
+    projection = project_points(points.double(), c2w.double(), intrinsics.double(), height, width)
+    expected_grid = pixels_to_grid(projection.pixels, height, width).flatten(1, 2)
+    assert visible.any() and not visible.all() and (projection.depth < 0).any()
+    assert torch.equal(visible, projection.visible.flatten(1)) and torch.equal(view_mask, visible.t())
+    # where seen (elsewhere nothing reads it; near a camera's plane its pixels run to 1e4 and beyond)
+    torch.testing.assert_close(grid.double()[visible], expected_grid[visible], rtol=1e-5, atol=1e-5)
+    expected_dirs = relative_directions(points.double(), origins[:, None, :].double(), c2w[:, :3, 3].double())
+    torch.testing.assert_close(rel_dirs.double(), expected_dirs, rtol=1e-5, atol=1e-5)

@@ -47,7 +47,6 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from pola_gnt.attention.modules import ViewAttention
-from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
 from pola_gnt.geometry.rays import Rays, points_along_rays
 from pola_gnt.model import render_kernels
 from pola_gnt.model.consistency_prior import ConsistencyFeatures, FeatureRead, PriorImage
@@ -272,10 +271,11 @@ class FastRenderNetwork:
         height, width = views.images.shape[-2:]
         # fp32 geometry, reads and codes; the bf16 work starts at the second layer of the view tokens.
         points = points_along_rays(rays, depths).float()  # [rays, samples, 3]
-        projection = project_points(points, views.c2w.float(), views.intrinsics.float(), height, width)
-        grid = pixels_to_grid(projection.pixels, height, width).flatten(1, 2)  # [views, points, 2]
-        visible = projection.visible.flatten(1)  # [views, points]
-        rel_dirs = relative_directions(points, rays.origins[:, None, :].float(), views.centers.float())
+        # Where each sample falls in each view ([views, points, 2]), whether it is seen there ([views, points]
+        # and [points, views]), its relative directions ([rays, samples, views, 4]).
+        grid, visible, view_mask, rel_dirs = render_kernels.sample_geometry(
+            points, rays.origins, views.c2w, views.intrinsics, height, width
+        )
         readout = net.readout
         source_colours = None
         if readout.needs_source_colours:
@@ -288,7 +288,6 @@ class FastRenderNetwork:
         tokens_in = render_kernels.view_token_inputs(
             prepared.projected, grid, visible, rgb, self.rgb_weight, self.first_bias, dtype
         )
-        view_mask = visible.t().contiguous()  # [points, views]
         seen = view_mask.any(dim=-1).unflatten(0, (n_rays, n_samples))  # [rays, samples]
         point_code = sinusoidal_encoding(points, net.n_freqs)  # [rays, samples, 63]
         unit_dirs = F.normalize(rays.directions.float(), dim=-1)

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from pola_gnt.attention.modules import SoftmaxRayAttention, SubtractionViewAttention, ViewAttention
 from pola_gnt.core.cpp_build import build_extension
+from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
 from pola_gnt.model.consistency_prior import FeatureRead, view_major_statistics
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "render_cpu.cpp"
@@ -196,3 +197,40 @@ def prior_statistics(
     return view_major_statistics(
         colours, grid, visible, features, cosines, first_level, feature_read, feature_weight, temperature
     )
+
+
+def sample_geometry(
+    points: Float[Tensor, "rays samples 3"],
+    origins: Float[Tensor, "rays 3"],
+    c2w: Float[Tensor, "views 4 4"],
+    intrinsics: Float[Tensor, "views 3 3"],
+    height: int,
+    width: int,
+) -> tuple[
+    Float[Tensor, "views points 2"],
+    Bool[Tensor, "views points"],
+    Bool[Tensor, "points views"],
+    Float[Tensor, "rays samples views 4"],
+]:
+    """Each sample (points = rays x samples) in every source view, float32: where it projects, as
+    `grid_sample` coordinates (`project_points`, `pixels_to_grid`; a pixel's area around the outer
+    pixel centres inside), whether it is visible there (views first, and points first), and GNT's
+    relative directions to the ray's origin (`relative_directions`)."""
+    n_rays, n_samples, _ = points.shape
+    if _kernels(points, width=1):
+        grid, visible, view_mask, rel_dirs = getattr(torch.ops, _LIBRARY).sample_geometry(
+            points.float().reshape(-1, 3).contiguous(),
+            torch.linalg.inv(c2w.float()).contiguous(),
+            intrinsics.float().contiguous(),
+            origins.float().contiguous(),
+            c2w[:, :3, 3].float().contiguous(),
+            height,
+            width,
+            0.5,
+        )
+        return grid, visible, view_mask, rel_dirs.unflatten(0, (n_rays, n_samples))
+    projection = project_points(points.float(), c2w.float(), intrinsics.float(), height, width)
+    grid = pixels_to_grid(projection.pixels, height, width).flatten(1, 2)
+    visible = projection.visible.flatten(1)
+    rel_dirs = relative_directions(points.float(), origins[:, None, :].float(), c2w[:, :3, 3].float())
+    return grid, visible, visible.t().contiguous(), rel_dirs

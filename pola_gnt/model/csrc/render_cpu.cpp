@@ -14,6 +14,9 @@
 //                        over the views) from its keys and values, before its output layer
 //   softmax_ray_attention   GNT's ray attention (softmax over a ray's samples, per head) between its
 //                        projections
+//   sample_geometry     each sample projected into every source view (`geometry.projection.project_points`:
+//                        its grid_sample coordinates and visibility) and GNT's relative directions
+//                        (`relative_directions`), without the [views, points, 3] intermediates
 //   prior_statistics    the read-out's consistency prior per sample (`model/consistency_prior.py`): the
 //                        colours and features read in every view, their spreads over the views and the
 //                        (angle-weighted) mean colour, each point's reads kept in registers
@@ -538,6 +541,86 @@ at::Tensor softmax_ray_attention(const at::Tensor& qkv, const at::Tensor& mask, 
 }
 
 // ------------------------------------------------------------------------------------------------
+// sample_geometry(points [P, 3] f32, w2c [V, 4, 4] f32, intrinsics [V, 3, 3] f32, origins [R, 3] f32
+//                 (P = R x samples: each ray's target camera), centers [V, 3] f32, height, width, margin)
+//   -> (grid [V, P, 2] f32, visible [V, P] bool, view_mask [P, V] bool, rel_dirs [P, V, 4] f32)
+// `project_points` then `pixels_to_grid` and `relative_directions` (plain unit vectors: F.normalize's
+// max(|v|, 1e-12)), in float32 with the same formulas; the visibility the same tests on the same pixels.
+
+inline void unit3(float* v) {
+  const float n = std::max(std::sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]), 1e-12f);
+  v[0] /= n;
+  v[1] /= n;
+  v[2] /= n;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_geometry(
+    const at::Tensor& points, const at::Tensor& w2c, const at::Tensor& intrinsics, const at::Tensor& origins,
+    const at::Tensor& centers, int64_t height, int64_t width, double margin) {
+  for (const auto* t : {&points, &w2c, &intrinsics, &origins, &centers}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous(), "sample_geometry: float32 contiguous tensors");
+  }
+  const int64_t P = points.size(0), V = w2c.size(0), R = origins.size(0);
+  TORCH_CHECK(points.dim() == 2 && points.size(1) == 3 && R > 0 && P % R == 0, "sample_geometry: points [R x S, 3]");
+  TORCH_CHECK(w2c.sizes() == at::IntArrayRef({V, 4, 4}) && intrinsics.sizes() == at::IntArrayRef({V, 3, 3}) &&
+                  centers.sizes() == at::IntArrayRef({V, 3}) && origins.sizes() == at::IntArrayRef({R, 3}),
+              "sample_geometry: w2c [V, 4, 4], intrinsics [V, 3, 3], centers [V, 3], origins [R, 3]");
+  const int64_t S = P / R;
+  at::Tensor grid = at::empty({V, P, 2}, points.options());
+  at::Tensor visible = at::empty({V, P}, points.options().dtype(at::kBool));
+  at::Tensor mask = at::empty({P, V}, points.options().dtype(at::kBool));
+  at::Tensor rel = at::empty({P, V, 4}, points.options());
+  const float* x = points.data_ptr<float>();
+  const float* M = w2c.data_ptr<float>();
+  const float* K = intrinsics.data_ptr<float>();
+  const float* o = origins.data_ptr<float>();
+  const float* c = centers.data_ptr<float>();
+  float* g = grid.data_ptr<float>();
+  bool* vis = visible.data_ptr<bool>();
+  bool* m = mask.data_ptr<bool>();
+  float* r = rel.data_ptr<float>();
+  const float lo = -static_cast<float>(margin);
+  const float hi_u = static_cast<float>(width - 1) + static_cast<float>(margin);
+  const float hi_v = static_cast<float>(height - 1) + static_cast<float>(margin);
+  const float scale_u = static_cast<float>(width - 1), scale_v = static_cast<float>(height - 1);
+  at::parallel_for(0, P, kGrain, [&](int64_t first, int64_t last) {
+    for (int64_t p = first; p < last; ++p) {
+      const float* xp = x + 3 * p;
+      const float* op = o + 3 * (p / S);
+      float to_target[3] = {op[0] - xp[0], op[1] - xp[1], op[2] - xp[2]};
+      unit3(to_target);
+      for (int64_t v = 0; v < V; ++v) {
+        const float* Mv = M + 16 * v;
+        const float* Kv = K + 9 * v;
+        float cam[3];
+        for (int i = 0; i < 3; ++i) cam[i] = Mv[4 * i] * xp[0] + Mv[4 * i + 1] * xp[1] + Mv[4 * i + 2] * xp[2] + Mv[4 * i + 3];
+        float image[3];
+        for (int i = 0; i < 3; ++i) image[i] = Kv[3 * i] * cam[0] + Kv[3 * i + 1] * cam[1] + Kv[3 * i + 2] * cam[2];
+        const float depth = cam[2];
+        const float safe = std::abs(depth) < 1e-8f ? 1e-8f : depth;
+        const float u = image[0] / safe, w = image[1] / safe;
+        const bool seen = depth > 1e-6f && u >= lo && u <= hi_u && w >= lo && w <= hi_v;
+        vis[v * P + p] = seen;
+        m[p * V + v] = seen;
+        g[2 * (v * P + p)] = 2.0f * u / scale_u - 1.0f;
+        g[2 * (v * P + p) + 1] = 2.0f * w / scale_v - 1.0f;
+        const float* cv = c + 3 * v;
+        float to_source[3] = {cv[0] - xp[0], cv[1] - xp[1], cv[2] - xp[2]};
+        unit3(to_source);
+        float difference[3] = {to_target[0] - to_source[0], to_target[1] - to_source[1], to_target[2] - to_source[2]};
+        unit3(difference);
+        float* rp = r + 4 * (p * V + v);
+        rp[0] = difference[0];
+        rp[1] = difference[1];
+        rp[2] = difference[2];
+        rp[3] = to_target[0] * to_source[0] + to_target[1] * to_source[1] + to_target[2] * to_source[2];
+      }
+    }
+  });
+  return {grid, visible, mask, rel};
+}
+
+// ------------------------------------------------------------------------------------------------
 // prior_statistics(colours [V, H, W, Cc] f32, grid [V, P, 2] f32, visible [V, P] bool,
 //                  features [V, h, w, F] f32 (F = 0: none), cosines [P, V] f32 (or [0]: no angle weights),
 //                  first_level, feature_stride, feature_offset, feature_scale, feature_weight, temperature)
@@ -816,6 +899,9 @@ TORCH_LIBRARY(pola_gnt_render, m) {
       "-> Tensor");
   m.def("softmax_ray_attention(Tensor qkv, Tensor mask, int heads) -> Tensor");
   m.def(
+      "sample_geometry(Tensor points, Tensor w2c, Tensor intrinsics, Tensor origins, Tensor centers, int height, "
+      "int width, float margin) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
       "prior_statistics(Tensor colours, Tensor grid, Tensor visible, Tensor features, Tensor cosines, int first_level, "
       "float feature_stride, float feature_offset, float feature_scale, float feature_weight, float temperature) "
       "-> (Tensor, Tensor, Tensor)");
@@ -827,5 +913,6 @@ TORCH_LIBRARY_IMPL(pola_gnt_render, CPU, m) {
   m.impl("layer_norm_rows", &layer_norm_rows);
   m.impl("subtraction_view_attention", &subtraction_view_attention);
   m.impl("softmax_ray_attention", &softmax_ray_attention);
+  m.impl("sample_geometry", &sample_geometry);
   m.impl("prior_statistics", &prior_statistics);
 }
