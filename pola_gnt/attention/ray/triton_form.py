@@ -471,12 +471,15 @@ class _RayConfig:
         kernel holds a dozen tiles at once besides four statistics' blocks: in the tensor cores' layouts
         (TF32) they spilled past 255 registers, at 32 rows in exact fp32 they took 238-250 (A100), so it
         takes 16-row tiles and exact fp32 products (130-140 registers; its dots are [16, 16] x [16, 16],
-        a few GFLOP a training step, well within the FMA units' time for its memory traffic)."""
+        a few GFLOP a training step, well within the FMA units' time for its memory traffic). From
+        d = 64 the key-gradient kernel's TF32 operands alone took 280 KB of shared memory at d = 128,
+        more than an H100 has: exact fp32 products there too (168 KB)."""
         query_grad = kernel == "query_grad"
+        exact = query_grad or (kernel == "key_grad" and self.block_d >= 64)
         options: dict[str, object] = dict(
             HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, HAS_VISIBLE=has_visible, SLOT=self.slot, GROUP=self.group,
             BLOCK_S=16 if query_grad else self.block_s, BLOCK_D=self.block_d, num_warps=self.num_warps,
-            DOT_PRECISION="ieee" if query_grad else self.dot_precision,
+            DOT_PRECISION="ieee" if exact else self.dot_precision,
         )  # fmt: skip
         if kernel != "key_grad":
             options["EPS"] = EPSILON
