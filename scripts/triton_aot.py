@@ -117,17 +117,17 @@ def preset_cases(presets: tuple[str, ...] = ("quick", "standard", "paper")) -> l
     return cases
 
 
-def full_cases() -> list[Case]:
+def full_cases(head_dims: tuple[int, ...] = (32, 64, 128), dtypes: tuple[str, ...] = tuple(DTYPES)) -> list[Case]:
     """The presets, plus the linear op (long rays of the presets' heads, the attention benchmark's 4 x
-    32 heads) and every kernel at head dims 32, 64 and 128."""
+    32 heads) and every kernel at `head_dims`, in `dtypes`."""
     from pola_gnt.attention.ray.triton_form import MAX_SAMPLES
 
     cases = preset_cases()
-    for dtype in DTYPES:
+    for dtype in dtypes:
         for width in (32, 64):  # quick's and standard's heads on rays too long for the ray kernel
             cases.append(Case(f"long rays d={width // 4}", "linear", width, 4, 1, MAX_SAMPLES + 64, 64, dtype))
         cases.append(Case("bench_attention", "linear", 128, 4, 1, 4096, 1, dtype))
-        for head_dim in (32, 64, 128):
+        for head_dim in head_dims:
             cases.append(Case(f"d={head_dim}", "modules", 4 * head_dim, 4, 10, 192, 64, dtype))
             cases.append(Case(f"d={head_dim}", "linear", 4 * head_dim, 4, 1, 1000, 2, dtype))
     return cases
