@@ -140,10 +140,13 @@ def cuda_dispatch() -> Iterator[None]:
     is computed on `meta`). Ops without a Triton form (the LePE) run their PyTorch form; where an op's
     kernel does not take the inputs, a stand-in of the output's shape (the first input's, on the
     autograd graph) replaces its PyTorch form: only the kernels' launches count."""
-    from pola_gnt.attention import triton_common, triton_lookup
+    from pola_gnt.attention import triton_lookup
     from pola_gnt.attention.linear import op as linear_op
+    from pola_gnt.attention.linear import triton_form as linear_form
     from pola_gnt.attention.ray import op as ray_op
+    from pola_gnt.attention.ray import triton_form as ray_form
     from pola_gnt.attention.view import op as view_op
+    from pola_gnt.attention.view import triton_form as view_form
 
     def dispatch(inputs, *, pytorch, triton=None, triton_lookup=None, fused=True, **_):
         if triton is None or triton_lookup is None:
@@ -151,22 +154,14 @@ def cuda_dispatch() -> Iterator[None]:
         kernel = triton_lookup() if fused else None
         return inputs[0].clone() if kernel is None else triton(kernel)
 
-    saved = [(module, "dispatch", module.dispatch) for module in (linear_op, ray_op, view_op)]
-    saved += [(triton_lookup, "passes_check", triton_lookup.passes_check)]
-    saved += [(triton_common, "on_kernel_device", triton_common.on_kernel_device)]
-    from pola_gnt.attention.linear import triton_form as linear_form
-    from pola_gnt.attention.ray import triton_form as ray_form
-    from pola_gnt.attention.view import triton_form as view_form
-
-    saved += [(form, "on_kernel_device", form.on_kernel_device) for form in (linear_form, ray_form, view_form)]
+    replacements = [(op, "dispatch", dispatch) for op in (linear_op, ray_op, view_op)]
+    replacements.append((triton_lookup, "passes_check", lambda *args, **kwargs: True))
+    on_gpu_or_meta = lambda x: x.is_cuda or x.is_meta  # noqa: E731  (the forms' device test)
+    replacements += [(form, "on_kernel_device", on_gpu_or_meta) for form in (linear_form, ray_form, view_form)]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in replacements]
     try:
-        for module, name, _ in saved:
-            if name == "dispatch":
-                setattr(module, name, dispatch)
-            elif name == "passes_check":
-                setattr(module, name, lambda *args, **kwargs: True)
-            else:
-                setattr(module, name, lambda x: x.is_cuda or x.is_meta)
+        for module, name, value in replacements:
+            setattr(module, name, value)
         yield
     finally:
         for module, name, value in saved:

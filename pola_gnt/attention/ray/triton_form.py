@@ -217,9 +217,9 @@ def _attend(
     positive, negative, feat_s, feat_o, first_half, kv_pos, kv_neg, ksum_pos, ksum_neg,
     EPS: tl.constexpr, BLOCK_S: tl.constexpr, SLOT: tl.constexpr, GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """The output `[BLOCK_S, BLOCK_D]` of a query tile, both streams' coefficients that meet `K+` and
+    """The output `[BLOCK_S, BLOCK_D]` of a query tile: each stream's coefficients that meet `K+` and
     `K-` (same sign `A = Fs [q > 0]`, `Bq = Fs [q < 0]`; opposite sign `A = Fo [q < 0]`, `Bq = Fo [q > 0]`)
-    and each column's denominator (its head's, of the stream its value half belongs to)."""
+    against the statistics, each column over its head's denominator of the stream its value half belongs to."""
     a_s = tl.where(positive, feat_s, 0.0)
     b_s = tl.where(negative, feat_s, 0.0)
     a_o = tl.where(negative, feat_o, 0.0)
@@ -231,8 +231,7 @@ def _attend(
     den_s = _head_sums(a_s * ksum_pos[None, :] + b_s * ksum_neg[None, :], BLOCK_S, SLOT, GROUP) + EPS
     den_o = _head_sums(a_o * ksum_pos[None, :] + b_o * ksum_neg[None, :], BLOCK_S, SLOT, GROUP) + EPS
     den = tl.where(first_half[None, :], den_s, den_o)
-    out = tl.where(first_half[None, :], num_s, num_o) / den
-    return out, den, a_s, b_s, a_o, b_o
+    return tl.where(first_half[None, :], num_s, num_o) / den
 
 
 @triton.jit
@@ -266,7 +265,7 @@ def _ray_forward_kernel(
         row_ok = rows < num_samples
         q = _load_tile(q_ptr, q_base, rows, q_row_stride, offsets, row_ok, channel_ok)
         _, _, _, _, feat_s, feat_o = _query_features(q, same_pos, same_neg, opp_pos, opp_neg, BOUND)
-        out, _, _, _, _, _ = _attend(
+        out = _attend(
             q > 0.0, q < 0.0, feat_s, feat_o, first_half, kv_pos, kv_neg, ksum_pos, ksum_neg,
             EPS, BLOCK_S, SLOT, GROUP, DOT_PRECISION,
         )  # fmt: skip
