@@ -345,6 +345,11 @@ def device_line(dry_run: bool) -> dict:
     return info
 
 
+def number(value: Any, spec: str) -> str:
+    """`value` formatted with `spec`, or `-` where a part left it out (None)."""
+    return "-" if value is None else format(value, spec)
+
+
 def table(summary: dict) -> str:
     """One line a part: its status, seconds and main figures."""
     lines = [f"{'part':<10} {'status':<8} {'seconds':>7}  figures", "-" * 78]
@@ -357,10 +362,10 @@ def table(summary: dict) -> str:
             figures = f"{entry['passed']} passed, {entry['failed']} failed, {entry['skipped']} skipped"
         elif name == "attention":
             rows = entry.get("rows") or {}
-            figures = ", ".join(f"{key} {value['fwd_bwd_ms']:.1f} ms" for key, value in rows.items())
+            figures = ", ".join(f"{key} {number(value['fwd_bwd_ms'], '.1f')} ms" for key, value in rows.items())
         elif name == "render":
             figures = "; ".join(
-                f"{precision} {model} train {row['train_rays_per_s']:.0f} rays/s"
+                f"{precision} {model} train {number(row['train_rays_per_s'], '.0f')} rays/s"
                 for precision in ("fp32", "bf16")
                 for model, row in (entry.get(precision) or {}).items()
             )
@@ -368,13 +373,13 @@ def table(summary: dict) -> str:
             cells = []
             for model in MODELS:
                 row = entry.get(model) or {}
-                if row.get("steps_per_s"):
-                    cells.append(f"{model} {row['steps_per_s']:.2f} steps/s, {row['peak_memory_mb']:.0f} MB")
+                steps, memory = number(row.get("steps_per_s"), ".2f"), number(row.get("peak_memory_mb"), ".0f")
+                cells.append(f"{model} {steps} steps/s, {memory} MB")
             cells += [f"{key} ~{minutes:.0f} min" for key, minutes in (entry.get("extrapolated_minutes") or {}).items()]
             figures = "; ".join(cells)
-        elif name == "eval" and entry.get("psnr") is not None:
-            scores = f"PSNR {entry['psnr']:.2f}, SSIM {entry['ssim']:.3f}, LPIPS {entry['lpips']:.3f}"
-            figures = f"{entry['scene']} zero-shot {scores}"
+        elif name == "eval":
+            scores = ", ".join(f"{key.upper()} {number(entry.get(key), '.3f')}" for key in ("psnr", "ssim", "lpips"))
+            figures = f"{entry.get('scene')} zero-shot {scores}"
         if entry.get("reason"):
             figures = entry["reason"]
         lines.append(f"{name:<10} {entry['status']:<8} {entry.get('seconds', 0.0):>7.0f}  {figures}")
