@@ -193,9 +193,9 @@ def part_render(ctx: Context, limit_s: float) -> dict:
 
 
 def part_standard(ctx: Context, limit_s: float) -> dict:
-    entry: dict[str, Any] = {"status": "ok", "seconds": 0.0, "steps": STANDARD_STEPS}
     steps = 2 if ctx.dry_run else STANDARD_STEPS
-    for model in MODELS:
+
+    def train(model: str) -> tuple[Run, dict]:
         run_dir = ctx.out / f"standard_{model}"
         worker = ctx.out / f"standard_{model}_worker.json"
         overrides = [f"model={model}", "experiment=standard", f"trainer.max_steps={steps}"]
@@ -204,19 +204,25 @@ def part_standard(ctx: Context, limit_s: float) -> dict:
         overrides += [f"hydra.run.dir={run_dir}"]
         command = python(__file__, "--worker", str(worker), "--warm-steps", str(min(WARM_STEPS, steps - 1)))
         result = ctx.run([*command, "--", *overrides], ctx.out / f"standard_{model}.txt", limit_s / len(MODELS))
-        entry["seconds"] += result.seconds
         measured = read_json(worker) or {}
         metrics = read_json(run_dir / "metrics.json") or {}
-        entry[model] = {
+        return result, {
             "status": result.status,
             "steps_per_s": measured.get("steps_per_s"),
             "steps_per_s_with_warm_up": (metrics.get("training") or {}).get("steps_per_s"),
             "peak_memory_mb": measured.get("peak_memory_mb"),
             "test_psnr": (metrics.get("mean") or {}).get("psnr"),
         }
-        if result.status != "ok" or measured.get("steps_per_s") is None:
+
+    # On a GPU one after the other (each measures alone); the dry run's side by side.
+    with ThreadPoolExecutor(max_workers=len(MODELS) if ctx.dry_run else 1) as pool:
+        trained = dict(zip(MODELS, pool.map(train, MODELS)))
+    entry: dict[str, Any] = {"status": "ok", "seconds": sum(result.seconds for result, _ in trained.values())}
+    entry["steps"] = steps
+    for model, (result, row) in trained.items():
+        entry[model] = row
+        if result.status != "ok" or row["steps_per_s"] is None:
             entry["status"] = result.status if result.status != "ok" else "failed"
-    entry["extrapolated_minutes"] = extrapolate(ctx, entry)
     return entry
 
 
@@ -442,15 +448,14 @@ def main(argv: list[str] | None = None) -> int:
                 return
             summary["parts"][name] = function(ctx, min(limit, ctx.remaining()))
 
-        if args.dry_run:  # nothing is measured: the parts' processes share the CPU (the standard part last:
-            # its extrapolation reads the render part's figures)
-            with ThreadPoolExecutor(max_workers=3) as pool:
-                list(pool.map(one, [name for name in parts if name != "standard"]))
-            if "standard" in parts:
-                one("standard")
+        if args.dry_run:  # nothing is measured: the parts' processes share the CPU
+            with ThreadPoolExecutor(max_workers=len(parts)) as pool:
+                list(pool.map(one, parts))
         else:
             for name in parts:
                 one(name)
+        if "standard" in summary["parts"]:  # from the standard part's rate and the render part's figures
+            summary["parts"]["standard"]["extrapolated_minutes"] = extrapolate(ctx, summary["parts"]["standard"])
         summary["parts"] = {name: summary["parts"][name] for name in PARTS if name in summary["parts"]}
         summary["seconds"] = time.monotonic() - started
         from pola_gnt.core.files import write_atomic
