@@ -18,7 +18,7 @@ from pola_gnt.model import render_kernels
 from pola_gnt.model.fused_linear import FusedLinear, fuse_linear_layers, fused_linear
 from pola_gnt.model.inference import FastRenderNetwork, ViewKeysValues
 from pola_gnt.model.render_memory import bytes_per_ray, render_workers
-from pola_gnt.model.renderer import RenderCancelled, render_rays
+from pola_gnt.model.renderer import RenderCancelled, render_image, render_rays, tile_order
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.model.settings import RenderSettings
 from tests.test_render_precision import _net, _rig
@@ -234,6 +234,29 @@ def test_chunks_rendered_at_once_give_the_same_pixels(fast):
     assert torch.equal(alone[0], together[0]) and torch.equal(alone[1], together[1])
     assert torch.get_num_threads() == threads
     assert progress == [(min(start + 100, len(rays)), len(rays)) for start in range(0, len(rays), 100)]
+
+
+def test_tiles_cover_every_pixel_once_in_squares():
+    order = tile_order(7, 10, 9)  # squares of 3 x 3
+    assert sorted(order.tolist()) == list(range(70))
+    assert order[:9].tolist() == [0, 1, 2, 10, 11, 12, 20, 21, 22]  # the first square, row by row
+    assert order[9:12].tolist() == [3, 4, 5]  # then the square beside it
+    assert order[-1].item() == 69 and torch.equal(tile_order(4, 5, 1), torch.arange(20))
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_an_image_rendered_in_tiles_is_the_image_in_row_order(fast):
+    """`render_image` renders square tiles of the image (several chunks at once here, the last tiles
+    partial): the pixels of rendering the rays in row order, bit for bit (fp32 network and bf16 network)."""
+    net = _net("pola_gnt")
+    sources, rays, _ = _rig(net)  # the rig's rays: every pixel of its 40 x 48 image, row by row
+    network = FastRenderNetwork(net) if fast else net
+    intrinsics = torch.tensor([[0.8 * 48, 0.0, 24.0], [0.0, 0.8 * 48, 20.0], [0.0, 0.0, 1.0]])
+    rows = render_rays(network, rays, sources, (1.0, 12.0), DepthSampler(16), 100)
+    tiled = render_image(
+        network, torch.eye(4), intrinsics, 40, 48, sources, (1.0, 12.0), DepthSampler(16), 100, workers=2
+    )
+    assert torch.equal(tiled.rgb, rows[0].reshape(40, 48, 3)) and torch.equal(tiled.depth, rows[1].reshape(40, 48))
 
 
 def test_a_cancelled_render_stops_between_chunks():

@@ -55,7 +55,7 @@ from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.geometry.camera_paths import focus_depth, fov_intrinsics, interpolate_path
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 from pola_gnt.model.render_memory import budget_chunk_rays, render_workers
-from pola_gnt.model.renderer import RenderCancelled, RenderedImage, RenderNetwork, render_rays
+from pola_gnt.model.renderer import RenderCancelled, RenderedImage, RenderNetwork, render_image
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.config.stored import TrainedRunConfig
 from pola_gnt.runs.settings import ViewSettings
@@ -72,6 +72,8 @@ PATH_FILE = "camera_path.json"
 # redraws the page, which cost a software-WebGL browser on the same 2 CPU cores 13 s of CPU during a
 # 37 s full image when sent every 0.1 s (per chunk), against 5 s without progress.
 PROGRESS_INTERVAL_S = 1.0
+# `stop` waits this long for a view's render to stop: a chunk's time, cancelled before the next one.
+STOP_TIMEOUT_S = 60.0
 # How long a tab's camera reports are taken for ones sent before the browser applied the opening
 # camera the server set (it answers within a fraction of a second): a stale report would restart the
 # opening render at viser's default camera.
@@ -143,28 +145,26 @@ class ViewRenderer:
         device = self.fabric.device
         c2w = camera.c2w.to(device)
         intrinsics = fov_intrinsics(torch.tensor([camera.fov]), camera.height, camera.width)[0].to(device)
-        rays = pixel_rays(c2w, intrinsics, pixel_grid(camera.height, camera.width, device=device))
         with self.lock, self.fabric.autocast():
             sources = self.encoded(self.nearest_views(camera.c2w))
-            # The chunks `render_image` uses: the same pixels, and a chance to stop between two.
-            try:
-                rgb, depth = render_rays(
+            try:  # a chance to stop between two chunks
+                frame = render_image(
                     self.net,
-                    rays,
+                    c2w,
+                    intrinsics,
+                    camera.height,
+                    camera.width,
                     sources,
                     self.scene.depth_range,
                     self.sampler,
                     self.chunk_rays,
-                    self.workers,
-                    cancelled,
-                    progress,
+                    workers=self.workers,
+                    cancelled=cancelled,
+                    progress=progress,
                 )
             except RenderCancelled:
                 return None
-        rgb, depth = rgb.cpu(), depth.cpu()
-        return RenderedImage(
-            rgb=rgb.reshape(camera.height, camera.width, 3), depth=depth.reshape(camera.height, camera.width)
-        )
+        return RenderedImage(rgb=frame.rgb.cpu(), depth=frame.depth.cpu())
 
     def points(self, frame: RenderedImage, camera: ViewCamera, count: int) -> PointCloud:
         """At most `count` of the frame's pixels with a depth, as points (an even random subset)."""
@@ -510,7 +510,7 @@ class ClientView:
         for step, (level, sized) in enumerate(levels):
             frame = self.app.renderer.render(
                 sized,
-                cancelled=lambda: self.generation != generation,
+                cancelled=lambda: self.closed or self.generation != generation,
                 progress=full_progress if step == len(levels) - 1 else None,
             )
             if frame is None:
@@ -642,8 +642,13 @@ class ViewerApp:
         return f"http://{self.settings.host}:{self.port}"
 
     def stop(self) -> None:
-        for view in list(self.clients.values()):
+        """Close every view, wait for their renders to stop (a render in progress is cancelled before its
+        next chunk), then stop the server: a render left running would outlive the interpreter's shutdown."""
+        views = list(self.clients.values())
+        for view in views:
             view.close()
+        for view in views:
+            view.thread.join(timeout=STOP_TIMEOUT_S)
         self.server.stop()
 
 

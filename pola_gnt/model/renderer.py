@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -135,11 +136,30 @@ def render_image(
     chunk_rays: int,
     stride: int = 1,
     workers: int = 1,
+    cancelled: Callable[[], bool] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> RenderedImage:
-    """Render the camera (`c2w` `[4, 4]`, `intrinsics` `[3, 3]`) at every `stride`-th pixel
-    (`workers`: `render_rays`)."""
+    """Render the camera (`c2w` `[4, 4]`, `intrinsics` `[3, 3]`) at every `stride`-th pixel, in square
+    tiles of about `chunk_rays` pixels (`tile_order`; `workers`, `cancelled`, `progress`: `render_rays`)."""
     rows, cols = len(range(0, height, stride)), len(range(0, width, stride))
-    pixels = pixel_grid(rows, cols, device=c2w.device) * stride
+    order = tile_order(rows, cols, chunk_rays, device=c2w.device)
+    pixels = pixel_grid(rows, cols, device=c2w.device)[order] * stride
     rays = pixel_rays(c2w, intrinsics, pixels)
-    rgb, depth = render_rays(model, rays, sources, depth_range, sampler, chunk_rays, workers)
+    tiled_rgb, tiled_depth = render_rays(
+        model, rays, sources, depth_range, sampler, chunk_rays, workers, cancelled, progress
+    )
+    rgb, depth = torch.empty_like(tiled_rgb), torch.empty_like(tiled_depth)
+    rgb[order], depth[order] = tiled_rgb, tiled_depth
     return RenderedImage(rgb=rgb.reshape(rows, cols, 3), depth=depth.reshape(rows, cols))
+
+
+def tile_order(rows: int, cols: int, tile_pixels: int, device: torch.device | str | None = None) -> Tensor:
+    """The row-major pixel indices of a `rows` x `cols` image in square tiles of about `tile_pixels`
+    pixels (tile after tile, row-major within each and across them): a chunk of rays that is a square
+    reads the source views where its samples project, around an epipolar band as wide as the square, and
+    stays in the caches; a chunk of whole rows reads bands across every view's whole width. A ray's
+    colour does not depend on the rays beside it, so the pixels are those of row order."""
+    side = max(1, math.isqrt(max(tile_pixels, 1)))
+    index = torch.arange(rows * cols, device=device).reshape(rows, cols)
+    row_tiles = index.split(side, dim=0)
+    return torch.cat([tile.reshape(-1) for band in row_tiles for tile in band.split(side, dim=1)])
