@@ -231,20 +231,84 @@ def test_checkpoints_are_staged_in_their_folder_not_tmpdir(tmp_path, monkeypatch
     assert torch.load(tmp_path / "ckpt" / "a.ckpt", weights_only=False)["state_dict"]["w"].sum() == 2
 
 
+# Full and read-only disks, end to end: the train command's exit code 2 and one `error:` line, no
+# traceback, no temporary file left. Without root's mounts (every machine): a file size limit makes a
+# checkpoint write fail as on a full disk, and a folder without write permission stands for a
+# read-only one. With them (where a tmpfs can be mounted): a real full and a real read-only file system.
+
+# A 1 MB file size limit: the run's checkpoints (3.2 MB at width 64) exceed it; its other files (config,
+# logs, images: under 40 kB) do not.
+_FILE_SIZE_LIMIT = 2**20
+# The launcher of the fault runs: sets the file size limit (RLIMIT_FSIZE; Python ignores SIGXFSZ, so a
+# write past it fails with EFBIG) or, run as root, drops CAP_DAC_OVERRIDE from its capability bounding
+# set (root then obeys a folder's permissions as everyone does), then becomes `python -m pola_gnt.train`.
+_LAUNCHER = """
+import ctypes, os, resource, sys
+limit, protect, *arguments = sys.argv[1:]
+if int(limit):
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(limit), int(limit)))
+if protect == "1" and os.geteuid() == 0:
+    PR_CAPBSET_DROP, CAP_DAC_OVERRIDE = 24, 1
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, 0, 0, 0) != 0:
+        sys.exit(f"launcher: cannot drop CAP_DAC_OVERRIDE ({os.strerror(ctypes.get_errno())})")
+os.execv(sys.executable, [sys.executable, "-m", "pola_gnt.train", *arguments])
+"""
+
+
+def _train_with_fault(run_dir: Path, fault: str, *extra: str) -> subprocess.CompletedProcess:
+    """`python -m pola_gnt.train` in a child process under `fault`: "file size limit" or "no write permission"."""
+    limit, protect = (_FILE_SIZE_LIMIT, "0") if fault == "file size limit" else (0, "1")
+    command = [sys.executable, "-c", _LAUNCHER, str(limit), protect, *_train_arguments(run_dir, *extra)]
+    return subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+
+
+def _assert_one_disk_error(returncode: int, stderr: str) -> str:
+    lines = [line for line in stderr.strip().splitlines() if line.startswith("error:")]
+    assert returncode == 2, stderr[-3000:]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+def test_training_past_a_file_size_limit_is_one_line_as_a_full_disk(tmp_path):
+    run_dir = tmp_path / "run"
+    result = _train_with_fault(
+        run_dir, "file size limit", "trainer.max_steps=4", "model.net.width=64", "model.net.heads=2"
+    )
+    line = _assert_one_disk_error(result.returncode, result.stderr)
+    assert "last.ckpt: cannot write (File too large)" in line and "MB needed" in line, line
+    assert "free some space or use another hydra.run.dir" in line, line
+    assert not list(run_dir.rglob("*.tmp")) and not list((run_dir / "checkpoints").iterdir())
+
+
+def test_training_into_a_folder_without_write_permission_is_one_line(tmp_path):
+    """For root as for anyone else (the launcher drops root's permission override)."""
+    protected = tmp_path / "protected"
+    protected.mkdir()
+    protected.chmod(0o555)
+    try:
+        result = _train_with_fault(protected / "run", "no write permission", "trainer.max_steps=4")
+    finally:
+        protected.chmod(0o755)
+    line = _assert_one_disk_error(result.returncode, result.stderr)
+    assert "cannot write (Permission denied); no write permission: use another hydra.run.dir" in line, line
+    assert not list(protected.iterdir())
+
+
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 3 MB tmpfs (needs root); skipped where it cannot be mounted."""
+    """A 3 MB tmpfs (needs root); skipped where it cannot be mounted (the tests above cover the same
+    faults without a mount)."""
     mount_point = tmp_path / "disk"
     mount_point.mkdir()
     result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mount_point)], capture_output=True)
     if result.returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here")
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
     yield mount_point
     subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 @pytest.mark.parametrize("mode", ["full", "read-only"])
-def test_training_on_a_full_or_read_only_disk(small_disk, mode):
+def test_training_on_a_full_or_read_only_tmpfs(small_disk, mode):
     """The train command's `main` in this process: its exit code and what it wrote on stderr, where
     Hydra would print a traceback."""
     run_dir = small_disk / "run"
@@ -255,14 +319,12 @@ def test_training_on_a_full_or_read_only_disk(small_disk, mode):
         subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
         arguments = _train_arguments(run_dir / "sub", "trainer.max_steps=4")
     result = run_in_process("train", *arguments)
-    lines = [line for line in result.stderr.strip().splitlines() if line.startswith("error:")]
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    line = _assert_one_disk_error(result.returncode, result.stderr)
     if mode == "full":
-        assert "No space left on device" in lines[0] and "needed" in lines[0]
+        assert "No space left on device" in line and "needed" in line
         assert not list(run_dir.rglob("*.tmp"))
     else:
-        assert "Read-only file system" in lines[0]
+        assert "Read-only file system" in line
 
 
 def test_metrics_json_is_strict_json_with_null_reasons(tmp_path):
