@@ -3,9 +3,12 @@ one run per folder, full disks. Runs are tiny (see conftest.TINY_OVERRIDES) and 
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import ctypes
 import errno
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -17,9 +20,11 @@ import torch
 from helpers import CONFIG_DIR, TINY_OVERRIDES, assert_one_error_line, read_metrics, run_in_process, train_in_process
 from hydra import compose, initialize_config_dir
 
+from pola_gnt.attention import cpu_extension
 from pola_gnt.core.errors import RunStopped, UserError
 from pola_gnt.core.files import write_atomic
 from pola_gnt.core.paths import PROJECT_ROOT
+from pola_gnt.model import render_kernels
 from pola_gnt.runs.guards import TrainingGuard
 from pola_gnt.runs.run_folder import LOCK_NAME, NonFiniteError, RunLock, SafeCheckpointIO
 from pola_gnt.runs.system import GNTSystem
@@ -232,64 +237,88 @@ def test_checkpoints_are_staged_in_their_folder_not_tmpdir(tmp_path, monkeypatch
 
 
 # Full and read-only disks, end to end: the train command's exit code 2 and one `error:` line, no
-# traceback, no temporary file left. Without root's mounts (every machine): a file size limit makes a
-# checkpoint write fail as on a full disk, and a folder without write permission stands for a
-# read-only one. With them (where a tmpfs can be mounted): a real full and a real read-only file system.
+# traceback, no temporary file left (its `main` in this process, where Hydra would print a traceback).
+# Without root's mounts (every machine): a file size limit makes a checkpoint write fail as on a full
+# disk, and a folder without write permission stands for a read-only one. With them (where a tmpfs can
+# be mounted): a real full and a real read-only file system.
 
 # A 1 MB file size limit: the run's checkpoints (3.2 MB at width 64) exceed it; its other files (config,
 # logs, images: under 40 kB) do not.
 _FILE_SIZE_LIMIT = 2**20
-# The launcher of the fault runs: sets the file size limit (RLIMIT_FSIZE; Python ignores SIGXFSZ, so a
-# write past it fails with EFBIG) or, run as root, drops CAP_DAC_OVERRIDE from its capability bounding
-# set (root then obeys a folder's permissions as everyone does), then becomes `python -m pola_gnt.train`.
-_LAUNCHER = """
-import ctypes, os, resource, sys
-limit, protect, *arguments = sys.argv[1:]
-if int(limit):
-    resource.setrlimit(resource.RLIMIT_FSIZE, (int(limit), int(limit)))
-if protect == "1" and os.geteuid() == 0:
-    PR_CAPBSET_DROP, CAP_DAC_OVERRIDE = 24, 1
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, 0, 0, 0) != 0:
-        sys.exit(f"launcher: cannot drop CAP_DAC_OVERRIDE ({os.strerror(ctypes.get_errno())})")
-os.execv(sys.executable, [sys.executable, "-m", "pola_gnt.train", *arguments])
-"""
 
 
-def _train_with_fault(run_dir: Path, fault: str, *extra: str) -> subprocess.CompletedProcess:
-    """`python -m pola_gnt.train` in a child process under `fault`: "file size limit" or "no write permission"."""
-    limit, protect = (_FILE_SIZE_LIMIT, "0") if fault == "file size limit" else (0, "1")
-    command = [sys.executable, "-c", _LAUNCHER, str(limit), protect, *_train_arguments(run_dir, *extra)]
-    return subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+@contextlib.contextmanager
+def file_size_limit(limit: int):
+    """RLIMIT_FSIZE for this process (for root and non-root alike; Python ignores SIGXFSZ, so a write
+    past the limit fails with EFBIG, `File too large`). The fused kernels are built first: their build
+    is no part of the test and writes larger files."""
+    cpu_extension.available(), render_kernels.available()
+    previous = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, previous[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, previous)
 
 
-def _assert_one_disk_error(returncode: int, stderr: str) -> str:
-    lines = [line for line in stderr.strip().splitlines() if line.startswith("error:")]
-    assert returncode == 2, stderr[-3000:]
-    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+class _CapabilityHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapabilitySets(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+@contextlib.contextmanager
+def root_obeys_folder_permissions():
+    """Run as root, this thread drops CAP_DAC_OVERRIDE from its effective capabilities (it stays
+    permitted, and comes back afterwards): root then obeys a folder's permissions as everyone does.
+    Nothing to do for other users."""
+    if os.geteuid() != 0:
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, sets = _CapabilityHeader(0x20080522, 0), (_CapabilitySets * 2)()  # _LINUX_CAPABILITY_VERSION_3
+    assert libc.capget(ctypes.byref(header), sets) == 0, os.strerror(ctypes.get_errno())
+    dac_override = 1 << 1  # CAP_DAC_OVERRIDE
+    sets[0].effective &= ~dac_override
+    assert libc.capset(ctypes.byref(header), sets) == 0, os.strerror(ctypes.get_errno())
+    try:
+        yield
+    finally:
+        sets[0].effective |= dac_override
+        assert libc.capset(ctypes.byref(header), sets) == 0, os.strerror(ctypes.get_errno())
+
+
+def _assert_one_disk_error(result) -> str:
+    lines = [line for line in result.stderr.strip().splitlines() if line.startswith("error:")]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     return lines[0]
 
 
 def test_training_past_a_file_size_limit_is_one_line_as_a_full_disk(tmp_path):
     run_dir = tmp_path / "run"
-    result = _train_with_fault(
-        run_dir, "file size limit", "trainer.max_steps=4", "model.net.width=64", "model.net.heads=2"
-    )
-    line = _assert_one_disk_error(result.returncode, result.stderr)
+    arguments = _train_arguments(run_dir, "trainer.max_steps=4", "model.net.width=64", "model.net.heads=2")
+    with file_size_limit(_FILE_SIZE_LIMIT):
+        result = run_in_process("train", *arguments)
+    line = _assert_one_disk_error(result)
     assert "last.ckpt: cannot write (File too large)" in line and "MB needed" in line, line
     assert "free some space or use another hydra.run.dir" in line, line
     assert not list(run_dir.rglob("*.tmp")) and not list((run_dir / "checkpoints").iterdir())
 
 
 def test_training_into_a_folder_without_write_permission_is_one_line(tmp_path):
-    """For root as for anyone else (the launcher drops root's permission override)."""
+    """For root as for anyone else (`root_obeys_folder_permissions`)."""
     protected = tmp_path / "protected"
     protected.mkdir()
     protected.chmod(0o555)
     try:
-        result = _train_with_fault(protected / "run", "no write permission", "trainer.max_steps=4")
+        with root_obeys_folder_permissions():
+            result = run_in_process("train", *_train_arguments(protected / "run", "trainer.max_steps=4"))
     finally:
         protected.chmod(0o755)
-    line = _assert_one_disk_error(result.returncode, result.stderr)
+    line = _assert_one_disk_error(result)
     assert "cannot write (Permission denied); no write permission: use another hydra.run.dir" in line, line
     assert not list(protected.iterdir())
 
@@ -319,7 +348,7 @@ def test_training_on_a_full_or_read_only_tmpfs(small_disk, mode):
         subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
         arguments = _train_arguments(run_dir / "sub", "trainer.max_steps=4")
     result = run_in_process("train", *arguments)
-    line = _assert_one_disk_error(result.returncode, result.stderr)
+    line = _assert_one_disk_error(result)
     if mode == "full":
         assert "No space left on device" in line and "needed" in line
         assert not list(run_dir.rglob("*.tmp"))
