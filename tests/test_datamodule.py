@@ -97,7 +97,7 @@ def _pixel_indices(batch, scene) -> torch.Tensor:
 
 
 # What `TrainSteps(seed=0, rank=0)` drew at steps 0-3 on the demo scene (94 x 126 pixels, 64 rays a
-# step), computed once (2025-12-06) and pinned: (target view, source views, the depth jitter's seed,
+# step), computed once (2026-12-06) and pinned: (target view, source views, the depth jitter's seed,
 # the first 6 ray pixels, the sum of the 64 ray pixels, the first 2 colours and the sum of all 64 x 3
 # colours in 8-bit units).
 PINNED_DRAWS = [
