@@ -12,6 +12,7 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -168,22 +169,29 @@ def _train_command(run_dir: Path, *extra: str) -> list[str]:
 
 
 def test_second_run_on_a_folder_refuses_and_a_killed_run_is_resumed(tmp_path):
+    errors = tempfile.TemporaryFile()  # the first run's stderr, for a failure's message (a file: a pipe could fill)
     first = subprocess.Popen(
         _train_command(tmp_path, "trainer.max_steps=400"),
         cwd=PROJECT_ROOT,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=errors,
     )
     try:
-        deadline = time.time() + 120
-        while not (tmp_path / "checkpoints" / "last.ckpt").is_file() and time.time() < deadline:
+        # Until its first checkpoint, however long that takes on a loaded machine (up to 10 minutes, no
+        # tighter deadline): the first run must still be running then, holding the folder.
+        deadline = time.monotonic() + 600
+        while not (tmp_path / "checkpoints" / "last.ckpt").is_file() and first.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint after 10 minutes"
             time.sleep(0.2)
+        errors.seek(0)
+        assert first.poll() is None, (first.returncode, errors.read().decode(errors="replace")[-3000:])
         # The second run (the command's `main` in this process: another process than the first's).
         second = run_in_process("train", *_train_arguments(tmp_path, "trainer.max_steps=400", "seed=4"))
         assert_one_error_line(second, f"pid {first.pid}")
     finally:
         first.kill()
         first.wait()
+        errors.close()
     assert (tmp_path / LOCK_NAME).exists()  # left by the killed run: stale
     (tmp_path / "checkpoints" / ".last.ckpt.half.tmp").write_bytes(b"half")  # a write cut short
     resumed = run_in_process("train", *_train_arguments(tmp_path, f"trainer.max_steps={MAX_STEPS}", "ckpt_path=last"))
