@@ -7,9 +7,9 @@ its settings: a scene's test views scored as `eval` scores them.
 With `model.net.readout_source_colour` an untrained network's colour is the source views' mean colour
 pooled over the samples by `softmax(-weight x spread)` (`gnt.PooledReadout`: its learned score and colour
 layers start at zero), the spread measured on `levels` levels of the blur pyramid
-(`model.net.readout_consistency_levels`, `gnt.colour_pyramid`), plus `features` times the spread of
+(`model.net.readout_consistency_levels`, `consistency_prior.colour_pyramid`), plus `features` times the spread of
 AlexNet's unit-length features of conv `--feature-layer` (`model.net.readout_consistency_features`,
-`backbone.ConsistencyFeatures`; weights found as the LPIPS weights are; projected as
+`consistency_prior.ConsistencyFeatures`; weights found as the LPIPS weights are; projected as
 `model.net.readout_consistency_feature_dims=K` says): a plane-sweep stereo render. The colour mean is
 weighted by the views' angles to the target ray as `model.net.readout_view_angle_weighting=T` says.
 That is where a pretraining starts, and the floor that what the network learns must beat: this script
@@ -37,7 +37,7 @@ from pola_gnt.data.datamodule import eval_source_ids
 from pola_gnt.data.scene_loading import exact_depth_source, load_scene
 from pola_gnt.evaluation.scoring import ViewScorer, build_image_metrics
 from pola_gnt.geometry.rays import Rays, pixel_grid, pixel_rays, points_along_rays
-from pola_gnt.model.backbone import ConsistencyFeatures
+from pola_gnt.model.consistency_prior import ConsistencyFeatures
 from pola_gnt.model.gnt import (
     GatheredSamples,
     PooledReadout,

@@ -262,11 +262,26 @@ def test_sums_over_many_large_keys_stay_finite():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_linear_dispatch_matches_quadratic():
+def test_cuda_linear_dispatch_matches_quadratic(monkeypatch):
+    """On CUDA the linear form is the Triton kernel, which passed its first-use check and ran (else
+    PyTorch would be compared with itself); it matches the quadratic form."""
+    from pola_gnt.attention.linear import triton_form
+
     (q, k, v, ts, to), mask = _inputs(300, 257, d=16)
     args = [x.cuda() for x in (q, k, v, ts, to)]
+    assert linear_op.triton_kernel(args[0]) is not None, "the Triton kernel failed its first-use check"
+    calls = []
+    kernel = triton_form.polarity_attention_triton
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(triton_form, "polarity_attention_triton", counting)  # after the check: its calls not counted
     linear = _run("linear", *args, mask.cuda())
+    assert calls == [(2, 2, 300, 16)], "the linear form did not run the Triton kernel"
     quadratic = _run("quadratic", *args, mask.cuda())
+    assert len(calls) == 1  # the quadratic form has no Triton kernel
     torch.testing.assert_close(linear, quadratic, rtol=1e-4, atol=1e-5)
 
 

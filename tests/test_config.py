@@ -74,6 +74,12 @@ def no_gpu(monkeypatch):
         ("data.random_crop={heights:[20,30],area:0}", "data.random_crop.area"),
         ("scene.kind=nerf", "scene.kind"),
         ("video.scale=0", "video.scale"),
+        ("metrics.extra_protocols=[standard]", "metrics.extra_protocols"),  # metrics.protocol's own
+        ("metrics.extra_protocols=[gnt,gnt]", "metrics.extra_protocols"),
+        ("metrics.extra_protocols=[nerf]", "metrics.extra_protocols"),
+        ("benchmark.mode=fast", "benchmark.mode"),
+        ("benchmark.scenes=[fern,fern]", "benchmark.scenes"),
+        ("benchmark.budget_minutes=0", "benchmark.budget_minutes"),
     ],
 )
 def test_bad_values_name_their_full_key(override, key):
@@ -221,6 +227,10 @@ def test_a_gpu_trainer_without_a_gpu_is_one_error_line(tmp_path, no_gpu):
             "data.rays_per_step: 8000 (up to 24000 with data.scale_rays_with_views)",
         ),
         (["data.crop=[12,12]", "data.rays_per_step=16"], "data.crop: the smallest side"),
+        (
+            ["data.crop=[32,32]", "model.net.working_size=64"],
+            "data.crop: training crops with model.net.working_size 64",
+        ),
     ],
 )
 def test_the_recipe_is_checked_against_the_scene(overrides, key):

@@ -16,15 +16,16 @@ from test_model import MODEL_KINDS, TINY_ENCODER, make_sources, square_rig, targ
 from pola_gnt.core.errors import UserError
 from pola_gnt.geometry.rays import pixel_rays
 from pola_gnt.model import GNT, SourceViews
-from pola_gnt.model.backbone import (
+from pola_gnt.model.backbone import weights_from_checkpoint
+from pola_gnt.model.consistency_prior import (
     ConsistencyFeatures,
     directions_from_moments,
     feature_moments,
+    feature_spread,
     principal_directions,
-    weights_from_checkpoint,
 )
 from pola_gnt.model.feature_cache import FrozenFeatureCache
-from pola_gnt.model.gnt import GatheredSamples, feature_spread, gather_source_samples, source_colour_statistics
+from pola_gnt.model.gnt import GatheredSamples, gather_source_samples, source_colour_statistics
 
 
 def _torchvision_alexnet(weights) -> torch.nn.Module:

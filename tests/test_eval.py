@@ -18,9 +18,9 @@ from helpers import (
     run_module,
 )
 
+from pola_gnt.apps.evaluation import evaluate
 from pola_gnt.apps.trained_runs import load_trained_checkpoint
 from pola_gnt.core.errors import UserError
-from pola_gnt.eval import evaluate
 from pola_gnt.runs.checkpoints import read_checkpoint
 from pola_gnt.runs.config.stored import run_config_with_overrides, stored_run_config, trained_run_config
 
@@ -189,3 +189,25 @@ def test_eval_needs_a_checkpoint(tmp_path):
     with pytest.raises(UserError, match="not a Pola-GNT checkpoint"):
         overrides = [f"ckpt_path={foreign}"]
         evaluate(trained_run_config(compose_config(*overrides), tmp_path, overrides), tmp_path)
+
+
+def test_extra_protocols_score_one_render_by_each(tiny_runs, tmp_path):
+    """`metrics.extra_protocols=[gnt]`: one full render, scored by the standard protocol (the file's
+    top-level keys, as before) and by GNT's (its every 2nd pixel, under `protocols`): each equal to
+    a run of that protocol alone, which renders only its own pixels."""
+    checkpoint = last_checkpoint(tiny_runs["pola_gnt"])
+    overrides = [f"ckpt_path={checkpoint}", "metrics.extra_protocols=[gnt]"]
+    both = evaluate(trained_run_config(compose_config(*overrides), tmp_path / "both", overrides), tmp_path / "both")
+    assert both is not None and set(both["protocols"]) == {"standard", "gnt"}
+    trained = read_metrics(tiny_runs["pola_gnt"])  # the training run's test phase: standard alone
+    for key in ("protocol", "lpips_net", "resolution", "metric_settings", "mean", "baseline", "per_image"):
+        assert both[key] == trained[key] == both["protocols"]["standard"][key], key
+    gnt_overrides = [f"ckpt_path={checkpoint}", "metrics.protocol=gnt"]
+    gnt = evaluate(
+        trained_run_config(compose_config(*gnt_overrides), tmp_path / "gnt", gnt_overrides), tmp_path / "gnt"
+    )
+    assert gnt is not None
+    for key in ("lpips_net", "resolution", "metric_settings", "mean", "baseline", "per_image"):
+        assert both["protocols"]["gnt"][key] == gnt[key], key
+    assert (tmp_path / "both" / "metrics_gnt.csv").read_text() == (tmp_path / "gnt" / "metrics.csv").read_text()
+    assert iio.imread(tmp_path / "both" / "test_views" / "image000_pred.png").shape == (94, 126, 3)  # full size

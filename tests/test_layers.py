@@ -1,7 +1,8 @@
 """The package's layers import downward only (docs/ARCHITECTURE.md, "Layers"): a module's layer is its
 folder; every module's imports, read from its source (`ast`, imports inside functions included), go to
 a lower layer or to its own folder; no entry point imports another; `geometry` imports nothing else
-of the package."""
+of the package; and no modules import each other in a circle, inside a folder either (a lazy import
+inside a function included: it hides the circle from Python, not from the reader)."""
 
 from __future__ import annotations
 
@@ -97,6 +98,93 @@ def violations(modules: dict[str, str]) -> list[str]:
                 kind = "another entry point" if here_name == ENTRY_POINTS else "a sibling"
                 problems.append(f"{module} imports {target}: {kind} in its layer ({here_name})")
     return problems
+
+
+def import_circles(modules: dict[str, str]) -> list[str]:
+    """`modules`: name -> source. Each set of modules that import one another in a circle (a strongly
+    connected component of the import graph with more than one module), as one line, sorted."""
+    graph = {
+        module: sorted(imported_modules(source, module) & modules.keys() - {module})
+        for module, source in modules.items()
+    }
+    # Tarjan's algorithm, iterative (the package's import chains are deeper than a comfortable recursion).
+    index: dict[str, int] = {}
+    lowlink: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            module, next_edge = work.pop()
+            if next_edge == 0:
+                index[module] = lowlink[module] = len(index)
+                stack.append(module)
+                on_stack.add(module)
+            targets = graph[module]
+            if next_edge < len(targets):
+                work.append((module, next_edge + 1))
+                target = targets[next_edge]
+                if target not in index:
+                    work.append((target, 0))
+                elif target in on_stack:
+                    lowlink[module] = min(lowlink[module], index[target])
+                continue
+            for target in targets:  # every edge seen: take the children's lowlinks
+                if target in on_stack:
+                    lowlink[module] = min(lowlink[module], lowlink[target])
+            if lowlink[module] == index[module]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == module:
+                        break
+                if len(component) > 1:
+                    circles.append(" <-> ".join(sorted(component)))
+    return sorted(circles)
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    circles = import_circles({name: path.read_text() for name, path in MODULES.items()})
+    assert not circles, "modules importing each other in a circle:\n" + "\n".join(circles)
+
+
+@pytest.mark.parametrize(
+    ("module", "planted", "imported"),
+    [
+        # The two circles issue 43 took out: a settings schema taking its allowed values from the
+        # modules that read those settings (inside `check`, so Python never saw the circle).
+        (
+            "pola_gnt.data.settings",
+            "from pola_gnt.data.scene_loading import SCENE_KINDS",
+            "pola_gnt.data.scene_loading",
+        ),
+        ("pola_gnt.model.settings", "from pola_gnt.model.inference import PRECISIONS", "pola_gnt.model.inference"),
+    ],
+    ids=["data settings", "model settings, through the network"],
+)
+def test_a_planted_import_circle_fails(module, planted, imported):
+    """The real tree with one lazy import added that closes a circle is caught: one circle, through both
+    modules (and every module between them: `model.settings` <- `model.gnt` <- `model.inference`)."""
+    modules = {name: path.read_text() for name, path in MODULES.items()}
+    modules[module] += f"\ndef check():\n    {planted}\n"
+    circles = import_circles(modules)
+    assert len(circles) == 1
+    members = circles[0].split(" <-> ")
+    assert module in members and imported in members and len(members) >= 2
+
+
+def test_the_settings_own_the_scene_kinds_the_loaders_table_holds():
+    """`scene.kind`'s allowed values live with its schema (no import of the loaders there): the loaders'
+    table has exactly those kinds."""
+    from pola_gnt.data.scene_loading import SCENE_KINDS
+    from pola_gnt.data.settings import SCENE_KIND_NAMES
+
+    assert tuple(SCENE_KINDS) == SCENE_KIND_NAMES
 
 
 def test_every_module_imports_downward_only():

@@ -413,7 +413,7 @@ def test_the_colour_pyramid_averages_squares_of_pixels():
     """Level k is the mean over 2^k x 2^k squares: a one-pixel checkerboard is uniform grey from level 1
     on, a constant image stays constant at every level, odd sides included (the last cell averages
     the pixels it covers, no zero padding), and level 0 (the image itself) is not repeated."""
-    from pola_gnt.model.gnt import colour_pyramid
+    from pola_gnt.model.consistency_prior import colour_pyramid
 
     rows, cols = torch.meshgrid(torch.arange(8), torch.arange(12), indexing="ij")
     checker = ((rows + cols) % 2).float().expand(2, 3, 8, 12)
@@ -614,7 +614,7 @@ def test_angle_weights_follow_the_views_angles_to_the_target_ray():
     angle)) over the visible views; a small temperature picks the nearest visible view, a large one
     tends to the plain mean; hidden views weigh 0 and a point no view sees gets no weight at all; the
     same weights when every angle is scaled (units of the views' mean angle)."""
-    from pola_gnt.model.gnt import angle_weights
+    from pola_gnt.model.consistency_prior import angle_weights
 
     generator = torch.Generator().manual_seed(3)
     angles = torch.rand(6, 7, 5, generator=generator, dtype=torch.float64) * 0.2 + 0.01  # radians

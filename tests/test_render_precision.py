@@ -147,6 +147,17 @@ READOUTS = {
         "readout_consistency_features": 0.3,
         "readout_consistency_feature_dims": 16,
     },
+    # the prior on the sources' working images, half their size (the rig's 40 x 48: working factor 2); the
+    # encoder at their full working size, which its 3 stages need
+    "consistency_features_working_size": {
+        "readout_consistency_prior": 160.0,
+        "readout_consistency_levels": 4,
+        "readout_consistency_features": 0.3,
+        "readout_consistency_feature_dims": 16,
+        "readout_view_angle_weighting": 0.25,
+        "working_size": 24,
+        "encoder_input_scale": 1.0,
+    },
 }
 
 
@@ -164,7 +175,7 @@ def _readout(request, name: str) -> dict:
 @pytest.mark.parametrize("readout", list(READOUTS))
 def test_the_moved_computations_equal_the_network_in_fp32(kind, readout, request):
     """Projected feature maps, the colour term per sample, the direction code per ray and the split
-    fusion layer: each the same function as the GNT's forward, to 1e-5 (rounding only); with each
+    fusion layer: each the same function as the GNT's forward, to 1e-4 (rounding only); with each
     read-out (the quick preset's, GNT's, the source colour blended over the views, the prior's spread
     over 4 blur levels, the source colour without the learned residual, the source colour weighted by
     the views' angles, the feature consistency, the learned scores bounded)."""
@@ -174,8 +185,12 @@ def test_the_moved_computations_equal_the_network_in_fp32(kind, readout, request
         expected = net(rays, depths, sources)
         got = FastRenderNetwork(net, torch.float32)(rays, depths, sources)
     assert not expected.seen.all() and expected.seen.any()  # samples outside every view are part of the case
+    # Rounding only: 1e-4 of colours in [0, 1], depths in [1, 12] and weights. The fast network's sample
+    # geometry (render_kernels.sample_geometry) rounds its projections and directions in its own order of
+    # float operations, a unit in the last place, which the views' angle weights amplify where the angles are
+    # small (their arccos near 1): at most 9.5e-5 measured, 5e-5 without the angle weights.
     for name in ("rgb", "depth", "weights"):
-        torch.testing.assert_close(getattr(got, name), getattr(expected, name), rtol=1e-5, atol=1e-5, msg=name)
+        torch.testing.assert_close(getattr(got, name), getattr(expected, name), rtol=1e-5, atol=1e-4, msg=name)
     assert torch.equal(got.seen, expected.seen)
 
 

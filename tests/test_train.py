@@ -159,7 +159,8 @@ def test_resume_without_checkpoint_and_from_other_model(tmp_path, tiny_runs):
 
 @pytest.mark.slow
 def test_ddp_two_cpu_processes(tmp_path):
-    """Lightning's DDP (gloo) with 2 processes on the CPU trains a few steps and tests."""
+    """Lightning's DDP (gloo) with 2 processes on the CPU trains a few steps and tests; each rank's
+    test views, scored by both protocols, are gathered whole on rank 0."""
     result = run_module(
         "train",
         *TINY_OVERRIDES,
@@ -169,12 +170,14 @@ def test_ddp_two_cpu_processes(tmp_path):
         "trainer.precision=32-true",
         "trainer.max_steps=4",
         "trainer.val_check_interval=2",
+        "metrics.extra_protocols=[gnt]",
         f"hydra.run.dir={tmp_path}",
         timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     document = read_metrics(tmp_path)
     assert document["global_step"] == 4 and len(document["per_image"]) == 3
+    assert [row["index"] for row in document["protocols"]["gnt"]["per_image"]] == [0, 8, 16]
 
 
 def test_model_compile_compiles_the_network_in_place():

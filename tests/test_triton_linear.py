@@ -17,6 +17,7 @@ pytest.importorskip("triton")
 
 from helpers.interpreter import INTERPRETING, assert_passes_in_interpreter, compiled_cuda, interpreter  # noqa: E402
 
+from pola_gnt.attention.linear import op as linear_op  # noqa: E402
 from pola_gnt.attention.linear import triton_form as triton_linear  # noqa: E402
 from pola_gnt.attention.linear.op import polarity_attention  # noqa: E402
 from pola_gnt.attention.linear.pytorch_form import polarity_attention_linear  # noqa: E402
@@ -81,10 +82,17 @@ def test_forward_matches_reference(batch, heads, num_queries, num_keys, head_dim
     assert_close_scaled(out, pytorch_linear, rel=1e-5, name="vs PyTorch linear")
 
 
+# The wide heads' tilings: d = 64 (64-row blocks, 4 warps on a GPU) and 128 (32-row blocks, 8 warps).
+WIDE = [
+    pytest.param(1, 1, 70, 45, 64, True, id="cross-d64-masked"),
+    pytest.param(1, 2, 40, 33, 128, True, id="cross-d128-masked"),
+]
+
+
 @interpreter
 @pytest.mark.parametrize(
     "batch, heads, num_queries, num_keys, head_dim, masked",
-    [SHAPES[1], SHAPES[2], pytest.param(1, 2, 33, 20, 32, True, id="cross-d32")],
+    [SHAPES[1], SHAPES[2], pytest.param(1, 2, 33, 20, 32, True, id="cross-d32"), *WIDE],
 )
 def test_backward_matches_reference(batch, heads, num_queries, num_keys, head_dim, masked):
     inputs = make_inputs(batch, heads, num_queries, num_keys, head_dim, masked, seed=1)
@@ -99,6 +107,34 @@ def test_backward_matches_reference(batch, heads, num_queries, num_keys, head_di
         assert grad.shape == leaf.shape, name  # temperatures reduced back to [heads, 1, 2d]
         assert_close_scaled(grad, want, rel=2e-5, name=f"d{name} vs float64")
         assert_close_scaled(grad, torch_grad, rel=2e-5, name=f"d{name} vs PyTorch linear")
+
+
+@interpreter
+@pytest.mark.parametrize("multiprocessors", [108, 132])  # an A100's, an H100's
+def test_split_reductions_at_a_gpus_split_count(monkeypatch, multiprocessors):
+    """The key-state and query-state reductions split as on a GPU of that many SMs (4 programs an SM:
+    here one 64-row block a split, every block its own partial sum), and still equal the reference.
+    The interpreter's own default is two splits."""
+    grids = {}
+    real_launch = triton_linear.launch
+
+    def spy(kernel, grid, *args, **options):
+        grids.setdefault(kernel.fn.__name__, grid)
+        real_launch(kernel, grid, *args, **options)
+
+    monkeypatch.setattr(triton_linear, "launch", spy)
+    inputs = make_inputs(2, 2, 300, 330, 16, masked=True, seed=9)
+    leaves, mask = inputs[:5], inputs[5]
+    q, k, v, temp_same, temp_opp = leaves
+    out = triton_linear.polarity_attention_triton(q, k, v, temp_same, temp_opp, mask, multiprocessors=multiprocessors)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(10))
+    grads = torch.autograd.grad(out, leaves, grad_out)
+    assert grids["_key_state_kernel"] == (4, 6, 2)  # 330 keys: 6 blocks, 6 splits (2 with the default)
+    assert grids["_query_state_grad_kernel"] == (4, 5, 2)  # 300 queries: 5 blocks, 5 splits
+    assert_close_scaled(out, reference(*leaves, mask), rel=1e-5, name="forward")
+    expected = torch.autograd.grad(reference(*leaves, mask), leaves, grad_out.double())
+    for name, grad, want in zip(("q", "k", "v", "temp_same", "temp_opp"), grads, expected):
+        assert_close_scaled(grad, want, rel=2e-5, name=f"d{name}")
 
 
 @interpreter
@@ -204,13 +240,24 @@ def test_cuda_long_sequence_matches_pytorch_linear(dtype, rel):
 @pytest.mark.gpu
 @compiled_cuda
 @pytest.mark.parametrize("head_dim", [16, 64, 128])
-def test_cuda_cross_attention_and_dispatch(head_dim):
-    """Cross attention with all head dims up to 128 on CUDA; `polarity_attention` uses the kernel."""
+def test_cuda_cross_attention_and_dispatch(monkeypatch, head_dim):
+    """Cross attention with all head dims up to 128 on CUDA; `polarity_attention` calls the kernel
+    (which passed its first-use check) and gives its result."""
     leaves_and_mask = make_inputs(2, 3, 1000, 777, head_dim, masked=True, device="cuda", seed=8)
     leaves, mask = leaves_and_mask[:5], leaves_and_mask[5]
     out = triton_linear.polarity_attention_triton(*leaves, mask)
     assert_close_scaled(out, reference(*leaves, mask), rel=1e-5, name="forward")
+    assert linear_op.triton_kernel(leaves[0]) is not None, "the Triton kernel failed its first-use check"
+    calls = []
+    kernel = triton_linear.polarity_attention_triton
+
+    def counting(*args, **kwargs):
+        calls.append(args[0].shape)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(triton_linear, "polarity_attention_triton", counting)
     assert torch.equal(polarity_attention(*leaves, mask, form="linear"), out)
+    assert calls == [leaves[0].shape]
     grad_out = torch.randn(out.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(9))
     grads = torch.autograd.grad(out, leaves, grad_out)
     expected = torch.autograd.grad(reference(*leaves, mask), leaves, grad_out.double())

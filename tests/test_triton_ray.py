@@ -16,7 +16,7 @@ pytest.importorskip("triton")
 from helpers.interpreter import INTERPRETING, assert_passes_in_interpreter, compiled_cuda, interpreter  # noqa: E402
 
 from pola_gnt.attention import cpu_extension, triton_lookup  # noqa: E402
-from pola_gnt.attention.features import EXPONENT_CLAMP  # noqa: E402
+from pola_gnt.attention.features import EPSILON, EXPONENT_CLAMP  # noqa: E402
 from pola_gnt.attention.ray import op as ray_op  # noqa: E402
 from pola_gnt.attention.ray import triton_form as triton_ray  # noqa: E402
 from pola_gnt.attention.reference import polarity_attention_reference  # noqa: E402
@@ -117,16 +117,25 @@ def check_against_reference(leaves, mask, heads, rel_out, rel_grad, seed=1, floo
     return out, grads
 
 
-# (samples, heads, d, masked, strided): head dims padded to 16 wide blocks (2, 8) and not (16, 32),
-# sample counts not multiples of the 32- and 16-sample tiles, a one-sample ray, contiguous rows.
+# (samples, heads, d, masked, strided): narrow heads packed side by side into 16-wide tiles (d = 2: 8
+# heads a program, 4: 4, 8: 2; with 3 or 5 heads the last program's group is partial), heads narrower
+# than their power-of-two slot (6 in 8, 12 in 16: padding lanes between packed heads), one head a
+# program (16, 32) and the wide heads' 16-row, 8-warp tiling (64, 128); sample counts not multiples of
+# the 32- and 16-sample tiles, a one-sample ray, contiguous rows.
 SHAPES = [
     pytest.param(7, 1, 2, False, True, id="S7-h1-d2"),
     pytest.param(40, 4, 2, True, True, id="S40-h4-d2-masked"),
+    pytest.param(23, 5, 4, True, True, id="S23-h5-d4-masked-partial-group"),
     pytest.param(40, 4, 8, True, True, id="S40-h4-d8-masked"),
+    pytest.param(33, 3, 8, True, False, id="S33-h3-d8-masked-partial-group"),
+    pytest.param(30, 3, 6, True, True, id="S30-h3-d6-masked-slot8"),
+    pytest.param(18, 2, 12, False, True, id="S18-h2-d12-slot16"),
     pytest.param(130, 1, 16, True, True, id="S130-h1-d16-masked"),
     pytest.param(7, 4, 16, False, False, id="S7-h4-d16-contiguous"),
     pytest.param(40, 1, 32, False, True, id="S40-h1-d32"),
     pytest.param(1, 4, 32, True, True, id="S1-h4-d32-masked"),
+    pytest.param(20, 1, 64, True, True, id="S20-h1-d64-masked"),
+    pytest.param(9, 2, 128, True, True, id="S9-h2-d128-masked"),
 ]
 
 
@@ -139,6 +148,76 @@ def test_matches_reference(samples, heads, head_dim, masked, strided):
     # temperatures vanish analytically and what is left is fp32 cancellation of O(|q| |v|) terms.
     floor = 2e-5 if samples == 1 else 1e-6
     check_against_reference(leaves, mask, heads, rel_out=1e-5, rel_grad=5e-5, floor=floor)
+
+
+@interpreter
+def test_a_ray_of_max_samples():
+    """One ray of `MAX_SAMPLES` samples (the longest the kernel takes: 64 tiles of the backward's 16
+    rows), two packed heads, against the fp64 reference."""
+    leaves, mask = make_inputs(1, triton_ray.MAX_SAMPLES, 2, 8, masked=True, scale=2.0, seed=7)
+    check_against_reference(leaves, mask, 2, rel_out=1e-5, rel_grad=5e-5)
+
+
+@interpreter
+@pytest.mark.parametrize("heads, head_dim", [(4, 8), (2, 16)])
+def test_backward_kernels_meet_at_the_statistics_gradients(monkeypatch, heads, head_dim):
+    """The backward is two kernels: the query kernel writes each head's `d kv[p]` and `d ksum[p]` (p = +, -)
+    into a scratch that the key kernel reads. That scratch equals the fp64 gradients of the statistics
+    `kv[p] = K_p^T v`, `ksum[p] = sum_j K_p[j]` (leaves of an fp64 form of the kernel's math, whose output
+    is the reference's), zero across packed heads; and the two kernels' gradients equal the reference's."""
+    rays, samples = 2, 37
+    leaves, mask = make_inputs(rays, samples, heads, head_dim, masked=True, seed=8)
+    assert mask is not None
+    scratch = {}
+    real_launch = triton_ray.launch
+
+    def spy(kernel, grid, *args, **options):
+        real_launch(kernel, grid, *args, **options)
+        if kernel is triton_ray._ray_query_grad_kernel:
+            scratch["state"], scratch["grid"], scratch["options"] = args[7].clone(), grid, options
+
+    monkeypatch.setattr(triton_ray, "launch", spy)
+    _, grads = check_against_reference(leaves, mask, heads, rel_out=1e-5, rel_grad=5e-5)
+    group = scratch["options"]["GROUP"]
+    assert group == 16 // head_dim and scratch["grid"] == (rays, heads // group)
+
+    q, k, v, temp_same, temp_opp = (x.detach().double() for x in leaves)
+    split = lambda x: x.unflatten(-1, (heads, head_dim)).transpose(1, 2)  # noqa: E731  [rays, heads, S, d]
+    q, k, v = split(q), split(k), split(v)
+    visible = mask.double()[:, None, :, None]
+    features = torch.expm1(torch.clamp(k.abs(), max=EXPONENT_CLAMP)) * visible
+    keys = {"+": features * (k > 0), "-": features * (k < 0)}
+    kv = {p: (keys[p].transpose(-1, -2) @ v).requires_grad_() for p in keys}  # [rays, heads, d, d]
+    ksum = {p: keys[p].sum(-2).requires_grad_() for p in keys}  # [rays, heads, d]
+    positive, negative = q > 0, q < 0
+    ts, to = temp_same[:, None, :], temp_opp[:, None, :]  # [heads, 1, 2d]
+    d = head_dim
+    same = torch.expm1(torch.clamp(torch.where(positive, ts[..., :d], ts[..., d:]) * q.abs(), max=EXPONENT_CLAMP))
+    opp = torch.expm1(torch.clamp(torch.where(positive, to[..., d:], to[..., :d]) * q.abs(), max=EXPONENT_CLAMP))
+    streams = [(same * positive, same * negative), (opp * negative, opp * positive)]  # (meets K+, meets K-)
+    halves = []
+    for (a, b), columns in zip(streams, (slice(0, d // 2), slice(d // 2, d))):
+        num = a @ kv["+"] + b @ kv["-"]
+        den = (a * ksum["+"][..., None, :]).sum(-1) + (b * ksum["-"][..., None, :]).sum(-1) + EPSILON
+        halves.append(num[..., columns] / den[..., None])
+    out = torch.cat(halves, -1).transpose(1, 2).flatten(-2)  # [rays, S, heads d]
+    assert_close_scaled(out, reference([x.detach().double() for x in leaves], mask, heads), rel=1e-12)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).double()
+    wanted = torch.autograd.grad(out, [kv["+"], kv["-"], ksum["+"], ksum["-"]], grad_out)
+
+    # The scratch [rays, groups, 2 polarities, BLOCK_D, BLOCK_D + 1]: head g of a group at lanes [g SLOT, g SLOT + d).
+    state, slot = scratch["state"].double(), scratch["options"]["SLOT"]
+    for ray in range(rays):
+        for head in range(heads):
+            lanes = slice((head % group) * slot, (head % group) * slot + d)
+            for index, polarity in enumerate("+-"):
+                block = state[ray, head // group, index]
+                assert_close_scaled(block[lanes, lanes], wanted[index][ray, head], rel=5e-5, name=f"d kv{polarity}")
+                assert_close_scaled(block[lanes, -1], wanted[2 + index][ray, head], rel=5e-5, name=f"d ksum{polarity}")
+    blocks = state[..., :-1].unflatten(-1, (group, slot)).unflatten(-3, (group, slot))  # [..., g, SLOT, g', SLOT]
+    across = ~torch.eye(group, dtype=torch.bool)[:, None, :, None].expand(group, slot, group, slot)
+    assert torch.all(blocks[..., across] == 0)  # nothing across packed heads
+    assert all(torch.isfinite(g).all() for g in grads)
 
 
 @interpreter
@@ -247,16 +326,18 @@ def test_cuda_dispatch_matches_pytorch_path(monkeypatch, head_dim):
     fused kernels off) and the fp64 reference, forward and gradients."""
     heads, samples = 2, 300
     leaves, mask = make_inputs(64, samples, heads, head_dim, masked=True, device="cuda", seed=5)
+    # The lookup first (its first-use check calls the kernel too): the kernel passed it, and is then called.
+    assert ray_op.triton_kernel(leaves[0], heads) is not None, "the Triton ray kernel failed its first-use check"
     calls = []
     kernel = triton_ray.polarity_ray_attention_triton
 
     def counting_kernel(*args):
-        calls.append(args)
+        calls.append(args[0].shape)
         return kernel(*args)
 
     monkeypatch.setattr(triton_ray, "polarity_ray_attention_triton", counting_kernel)
     out = ray_op.polarity_ray_attention(*leaves, mask, heads)
-    assert calls, "polarity_ray_attention did not take the Triton path"
+    assert calls == [(64, samples, heads * head_dim)], "polarity_ray_attention did not take the Triton path"
     grad_out = torch.randn(out.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(6))
     grads = grads_of(out, leaves, grad_out)
 

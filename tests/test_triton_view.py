@@ -101,6 +101,7 @@ CASES = [
     pytest.param(20, 10, 1, 16, True, True, 30.0, id="d16-views10-masked-clamped"),
     pytest.param(9, 10, 4, 16, False, True, 1.0, id="d16-views10-heads4-strided"),
     pytest.param(6, 4, 4, 2, True, False, 30.0, id="d2-heads4-masked-clamped"),
+    pytest.param(18, 3, 2, 64, True, True, 1.0, id="d64-widest-masked-strided"),
 ]
 
 
@@ -189,6 +190,8 @@ def test_cuda_dispatch_takes_the_kernels_and_matches_pytorch(monkeypatch, dtype,
     batched = [inputs[0].unflatten(0, (2, 1500)), *(x.unflatten(0, (2, 1500)) for x in inputs[1:3]), *inputs[3:]]
     grad = torch.randn(2, 1500, 4, 16, device="cuda", generator=torch.Generator("cuda").manual_seed(6))
 
+    # The lookup first (its first-use check calls the kernel too): the kernel passed it, and is then called.
+    assert view_op.triton_kernel(batched[0]) is not None, "the Triton view kernel failed its first-use check"
     calls = []
     kernels = triton_view.polarity_view_attention_triton
 

@@ -33,7 +33,7 @@ from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.evaluation.image_metrics import mse_to_psnr
 from pola_gnt.geometry.camera_paths import focus_depth, interpolate_path, spiral_path
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
-from pola_gnt.model.render_memory import CPU_BUDGET_MB, budget_chunk_rays, bytes_per_ray
+from pola_gnt.model.render_memory import CPU_BUDGET_MB, CPU_PASS_MB, budget_chunk_rays, bytes_per_ray
 from pola_gnt.model.renderer import RenderedImage, render_image
 from pola_gnt.runs.checkpoints import read_checkpoint
 from pola_gnt.runs.config.read import read_run_settings, read_video_settings
@@ -316,8 +316,13 @@ def test_render_chunks_fit_the_memory_budget():
     per_ray = bytes_per_ray(net, render.n_samples, 10)
     cpu = torch.device("cpu")
     assert render.max_memory_mb is None  # the default: by device
-    expected = min(4096, int(CPU_BUDGET_MB * 2**20 // per_ray))
+    # On a CPU the cache's bound is the tighter: the default memory budget would take more rays.
+    expected = min(4096, int(CPU_PASS_MB * 2**20 // per_ray))
+    assert expected < min(4096, int(CPU_BUDGET_MB * 2**20 // per_ray))
     assert budget_chunk_rays(render, net, 10, cpu) == expected
+    # Elsewhere only the memory budget bounds a pass (a meta device stands for a CUDA one's type).
+    unbounded = read_run_settings(compose_config("render.chunk_rays=4096", "render.max_memory_mb=100000")).render
+    assert budget_chunk_rays(unbounded, net, 10, torch.device("meta")) == 4096
     small = read_run_settings(compose_config("render.chunk_rays=4096", "render.max_memory_mb=1")).render
     assert budget_chunk_rays(small, net, 10, cpu) == max(1, int(2**20 // per_ray)) < 4096
     tiny = read_run_settings(compose_config("render.max_memory_mb=0.0001")).render

@@ -1,8 +1,9 @@
 """The web viewer (`apps/viewer.py`, `python -m pola_gnt.view`): the server starts on a free port and
 serves the page, a render request returns the renderer's image for that camera (preview, then full
 size), the opening camera is rendered with no move and the page follows the full image to done, a
-render error is shown and leaves the server answering, and a real browser shows it (where Chromium
-is installed)."""
+render error is shown and leaves the server answering, the point cloud (an exported PLY or the live
+points of the renders) toggles and `Show: Nothing` renders nothing, and a real browser shows it
+(where Chromium is installed)."""
 
 from __future__ import annotations
 
@@ -331,3 +332,67 @@ def test_a_browser_shows_the_rendered_scene_and_a_drag_moves_the_camera(app, tmp
     assert rgb.shape[:2] == (600, 800) and rgb.std() > 0
     # Away from the control panel (right) the page is the background image: colour, then depth.
     assert np.abs(rgb[100:500, 50:400].astype(float) - depth[100:500, 50:400]).mean() > 10
+
+
+class GeometryScene(RecordingScene):
+    """A client's scene API that keeps the point clouds it is sent (None: removed)."""
+
+    def __init__(self, scene):
+        super().__init__(scene)
+        self.clouds: list[np.ndarray | None] = []
+
+    def add_point_cloud(self, name, points, colors, **_):
+        assert name == "/geometry/points" and len(points) == len(colors)
+        self.clouds.append(np.asarray(points))
+
+    def remove_by_name(self, name):
+        if name == "/geometry/points":
+            self.clouds.append(None)
+
+
+def test_the_point_cloud_exported_or_live_and_geometry_alone(tiny_runs, tmp_path):
+    """An exported PLY is shown at once and toggled off; the live cloud is the full-size image's pixels
+    unprojected at their rendered depth; `Nothing` renders no image."""
+    from pola_gnt.apps.export.ply import PointCloud, write_point_cloud
+
+    rng = np.random.default_rng(0)
+    exported = PointCloud(rng.normal(size=(40, 3)).astype(np.float32), rng.integers(0, 256, (40, 3)).astype(np.uint8))
+    write_point_cloud(tmp_path / "cloud.ply", exported)
+    checkpoint = tiny_runs["pola_gnt"] / "checkpoints" / "last.ckpt"
+    overrides = [f"ckpt_path={checkpoint}", f"data.factor={FACTOR}", "view.port=0", "view.preview_rays=300"]
+    overrides.append(f"view.point_cloud={tmp_path / 'cloud.ply'}")
+    run = trained_run_config(compose_config(*overrides), tmp_path, overrides)
+    viewer = start_viewer(run, tmp_path, str(checkpoint))
+    try:
+        scene = viewer.renderer.scene
+        c2w = scene.cameras.c2w[scene.train_ids[1]]
+        height, width = scene.resolution
+        client = FakeClient(viewer, FakeCamera(c2w, scene_fov(scene), width / height))
+        client.scene = GeometryScene(viewer.server.scene)
+        view = ClientView(viewer, client)
+        clouds = client.scene.clouds
+        assert clouds[-1] is not None and np.array_equal(clouds[-1], exported.points)  # shown at once
+        view.cloud_shown.value = False
+        assert clouds[-1] is None
+        view.cloud.value = "live"
+        view.cloud_shown.value = True
+        assert clouds[-1] is None and "no live points yet" in view.cloud_status.content
+        camera = ViewCamera(c2w, scene_fov(scene), height, width)
+        view.camera_moved(camera)
+        wait_for(lambda: view.last_shown is not None and view.last_shown[1] == "full")
+        live = clouds[-1]
+        assert live is not None and len(live) == height * width  # fewer pixels than LIVE_POINTS_PER_IMAGE
+        # Every live point lies on its pixel's ray at the rendered depth: projected back, the same depth.
+        local = (torch.from_numpy(live).double() - c2w[:3, 3].double()) @ c2w[:3, :3].double()
+        assert torch.allclose(local[:, 2].sort().values, view.last.depth.reshape(-1).double().sort().values, rtol=1e-4)
+        # Geometry alone: no image is sent, none is rendered after a move.
+        shown = view.images_shown
+        view.mode.value = "Nothing"
+        assert client.scene.images[-1] is None
+        view.camera_moved(ViewCamera(scene.cameras.c2w[scene.train_ids[2]], scene_fov(scene), height, width))
+        assert not becomes(lambda: view.images_shown > shown, 2.0)
+        view.mode.value = "RGB"  # back to images: the current camera renders again
+        wait_for(lambda: view.images_shown > shown)
+        view.close()
+    finally:
+        viewer.stop()

@@ -15,6 +15,7 @@ from pola_gnt.data.scene import Scene
 from pola_gnt.data.source_views import nearest_views, scene_selection_points, selection_points
 from pola_gnt.evaluation.scoring import colorize_depth
 from pola_gnt.geometry.camera_paths import fov_from_focal
+from pola_gnt.model.consistency_prior import PriorImageCache
 from pola_gnt.model.gnt import SourceViews
 from pola_gnt.model.renderer import RenderedImage, RenderNetwork
 
@@ -30,13 +31,15 @@ def frame_source_views(scene: Scene, c2w: Tensor, count: int) -> list[int]:
 
 
 class EncodedViews:
-    """Source views with their encoder features, computed once per training view and kept: a fly-through
-    keeps most of its nearest cameras from one frame to the next."""
+    """Source views with their encoder features and the read-out prior's per-image part (`PriorImage`),
+    computed once per training view and kept: a fly-through keeps most of its nearest cameras from one
+    frame to the next."""
 
     def __init__(self, net: RenderNetwork, scene: Scene, device: torch.device):
         self.net, self.scene, self.device = net, scene, device
         self.images: dict[int, Tensor] = {}  # view -> [3, H, W]
         self.features: dict[int, Tensor] = {}  # view -> [C, h, w]
+        self.prior = PriorImageCache()  # view -> PriorImage
 
     @torch.no_grad()
     def _encode(self, view: int) -> None:
@@ -44,17 +47,21 @@ class EncodedViews:
         self.images[view] = image
         self.features[view] = self.net.encode(image[None])[0].float()
 
+    @torch.no_grad()
     def __call__(self, views: list[int]) -> SourceViews:
         for view in views:
             if view not in self.features:
                 self._encode(view)
         cameras = self.scene.cameras
-        return SourceViews(
+        sources = SourceViews(
             images=torch.stack([self.images[v] for v in views]),
             features=torch.stack([self.features[v] for v in views]),
             c2w=cameras.c2w[views].to(self.device),
             intrinsics=cameras.intrinsics[views].to(self.device),
         )
+        prior = [self.prior.get(v, lambda v=v: self.net.prior_image(self.images[v][None])) for v in views]
+        sources.keep_prior_images(self.net, prior)
+        return sources
 
 
 def frame_images(frame: RenderedImage, depth_range: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:

@@ -7,10 +7,13 @@ while the camera stays still (`refinement_levels`). A tab's opening camera is re
 connects, with no move needed; the page shows how far the full-resolution image has got (per ray
 chunk) and, when done, how long it took. Frames are rendered exactly as `render_video`
 renders them (the nearest training views, each encoded once; the same rays and chunks), in colour
-or as depth with the video's colour map. The page also shows the training cameras as frusta and
-lists the current camera's nearest source views; it records keyframes into a camera path
-(duration, fps, field of view) that it saves as camera_path.json and renders to mp4s. A render
-error is logged and shown in the page; the server goes on.
+or as depth with the video's colour map, or nothing (the geometry alone, no render). The page also
+shows the training cameras as frusta and lists the current camera's nearest source views; a point
+cloud toggled in the page: the exported one (`view.point_cloud=FILE.ply`, e.g. `export`'s
+`pointcloud.ply`) or the live one, the points of the full-size images this tab has rendered; it
+records keyframes into a camera path (duration, fps, field of view) that it saves as
+camera_path.json and renders to mp4s. A render error is logged and shown in the page; the server
+goes on.
 
 viser alone, not nerfview: nerfview adapts one render function to viser (its own progressive
 resolution, no cancellation inside a frame) and calls `os._exit` when that function raises; the
@@ -41,10 +44,12 @@ from lightning_fabric import Fabric
 from torch import Tensor
 
 from pola_gnt.apps.camera_path_file import CameraPath, camera_path_document, write_camera_path
+from pola_gnt.apps.export.ply import PointCloud, read_point_cloud
 from pola_gnt.apps.frames import EncodedViews, frame_images, frame_source_views, scene_fov
 from pola_gnt.apps.trained_runs import TrainedCheckpoint, load_trained_checkpoint
 from pola_gnt.apps.video import write_path_videos
 from pola_gnt.core.errors import UserError
+from pola_gnt.data.images import to_uint8
 from pola_gnt.data.scene import Scene
 from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.geometry.camera_paths import focus_depth, fov_intrinsics, interpolate_path
@@ -56,7 +61,12 @@ from pola_gnt.runs.config.stored import TrainedRunConfig
 from pola_gnt.runs.settings import ViewSettings
 
 log = logging.getLogger(__name__)
-MODES = ("RGB", "Depth")
+MODES = ("RGB", "Depth", "Nothing")  # Nothing: no image is rendered, the geometry alone is shown
+NO_IMAGE = "Nothing"
+EXPORTED, LIVE = "exported", "live"  # the point clouds a tab shows
+LIVE_POINTS_PER_IMAGE = 20_000  # a full-size image adds at most this many points to the live cloud
+LIVE_POINTS_MAX = 500_000  # the live cloud keeps the newest points up to this many
+SHOWN_POINTS_MAX = 1_000_000  # an exported cloud larger than this is shown as a random subset (the browser's memory)
 PATH_FILE = "camera_path.json"
 # The full image's progress is sent to the page at most this often (it shows whole seconds): each update
 # redraws the page, which cost a software-WebGL browser on the same 2 CPU cores 13 s of CPU during a
@@ -156,6 +166,17 @@ class ViewRenderer:
             rgb=rgb.reshape(camera.height, camera.width, 3), depth=depth.reshape(camera.height, camera.width)
         )
 
+    def points(self, frame: RenderedImage, camera: ViewCamera, count: int) -> PointCloud:
+        """At most `count` of the frame's pixels with a depth, as points (an even random subset)."""
+        intrinsics = fov_intrinsics(torch.tensor([camera.fov]), camera.height, camera.width)[0]
+        rays = pixel_rays(camera.c2w.double(), intrinsics.double(), pixel_grid(camera.height, camera.width).double())
+        depth = frame.depth.reshape(-1).double()
+        valid = torch.nonzero(torch.isfinite(depth) & (depth > 0))[:, 0]
+        if len(valid) > count:
+            valid = valid[torch.randperm(len(valid), generator=torch.Generator().manual_seed(len(valid)))[:count]]
+        points = rays.origins[valid] + depth[valid, None] * rays.directions[valid]
+        return PointCloud(points.float().numpy(), to_uint8(frame.rgb.reshape(-1, 3)[valid].float()))
+
     def image(self, frame: RenderedImage, mode: str) -> np.ndarray:
         """The uint8 image `[H, W, 3]` the page shows: colour, or depth in the videos' colour map."""
         rgb, depth = frame_images(frame, self.depth_range)
@@ -237,7 +258,7 @@ class ClientView:
     def _build_controls(self) -> None:
         gui = self.client.gui
         self.mode = gui.add_dropdown("Show", MODES, initial_value="RGB")
-        self.mode.on_update(lambda _: self.show_last())
+        self.mode.on_update(lambda _: self.mode_changed())
         self.status = gui.add_markdown("Rendering the opening view.")
         self.progress = gui.add_markdown("full image: waiting for the camera")
         self.progress_bar = gui.add_progress_bar(0.0)
@@ -254,6 +275,63 @@ class ClientView:
             self.path_file = gui.add_text("Save as", initial_value=str(self.app.run_dir / PATH_FILE))
             gui.add_button("Save path").on_click(lambda _: self.report(self.save_path))
             gui.add_button("Render video").on_click(lambda _: self.report(self.render_video))
+        with gui.add_folder("Geometry"):
+            clouds = [EXPORTED, LIVE] if self.app.exported is not None else [LIVE]
+            self.cloud = gui.add_dropdown("Point cloud", clouds, initial_value=clouds[0])
+            self.cloud_shown = gui.add_checkbox("Show points", initial_value=self.app.exported is not None)
+            size = self.app.point_size
+            self.point_size = gui.add_slider(
+                "Point size", min=size / 10, max=size * 5, step=size / 10, initial_value=size
+            )
+            self.cloud_status = gui.add_markdown("")
+            gui.add_button("Clear live points").on_click(lambda _: self.clear_live_points())
+            for control in (self.cloud, self.cloud_shown, self.point_size):
+                control.on_update(lambda _: self.show_points())
+        self.live: list[PointCloud] = []  # the live cloud: the points of each full-size image, oldest first
+        self.show_points()
+
+    def shown_cloud(self) -> PointCloud | None:
+        if self.cloud.value == EXPORTED:
+            return self.app.exported
+        if not self.live:
+            return None
+        points = np.concatenate([cloud.points for cloud in self.live])
+        return PointCloud(points, np.concatenate([cloud.colours for cloud in self.live]))
+
+    def show_points(self) -> None:
+        """The chosen point cloud in the page, or none when it is switched off or empty."""
+        cloud = self.shown_cloud()
+        if not self.cloud_shown.value or cloud is None or not len(cloud):
+            self.client.scene.remove_by_name("/geometry/points")
+            empty = cloud is None or not len(cloud)
+            self.cloud_status.content = "no live points yet: they come with each full-size image" if empty else ""
+            return
+        size = float(self.point_size.value)
+        self.client.scene.add_point_cloud("/geometry/points", cloud.points, cloud.colours, point_size=size)
+        self.cloud_status.content = f"{len(cloud)} points ({self.cloud.value})"
+
+    def add_live_points(self, frame: RenderedImage, camera: ViewCamera) -> None:
+        self.live.append(self.app.renderer.points(frame, camera, LIVE_POINTS_PER_IMAGE))
+        while sum(len(cloud) for cloud in self.live) > LIVE_POINTS_MAX:
+            self.live.pop(0)
+        if self.cloud.value == LIVE:
+            self.show_points()
+
+    def clear_live_points(self) -> None:
+        self.live.clear()
+        self.show_points()
+
+    def mode_changed(self) -> None:
+        """Nothing: the rendered image leaves the page and no more are rendered; back to an image: the
+        current camera renders again (the camera may have moved meanwhile)."""
+        if self.mode.value == NO_IMAGE:
+            self.client.scene.set_background_image(None)
+            self.status.content = "Nothing rendered: the geometry alone"
+            with self.changed:
+                self.generation += 1  # the render in progress stops at its next chunk
+            return
+        if self.camera is not None:
+            self.camera_moved(self.current_camera())
 
     def add_keyframe(self) -> None:
         camera = self.current_camera()
@@ -388,7 +466,7 @@ class ClientView:
             self.changed.notify()
 
     def show_last(self) -> None:
-        if self.last is not None:
+        if self.last is not None and self.mode.value != NO_IMAGE:
             self.client.scene.set_background_image(
                 self.app.renderer.image(self.last, str(self.mode.value)), format="jpeg", jpeg_quality=92
             )
@@ -409,7 +487,7 @@ class ClientView:
                     return
                 generation, camera, moved_at = self.generation, self.camera, self.moved_at
             self.done = generation
-            if camera is None:
+            if camera is None or self.mode.value == NO_IMAGE:
                 continue
             try:
                 self._render(camera, generation, moved_at)
@@ -448,6 +526,7 @@ class ClientView:
             )
             if step == len(levels) - 1:
                 self._show_progress(f"{full}: done in {self.timings[level]:.1f} s", 100.0)
+                self.add_live_points(frame, sized)
             # Last: the counts tell a watcher (tests, viewer_screenshots.py) the image and its lines are out.
             self.images_shown += 1
             self.last_shown = (generation, level)
@@ -498,8 +577,13 @@ class ViewerApp:
         self.renderer.render(ViewCamera(opening, scene_fov(scene), 2, 2))
         self.clients: dict[int, ClientView] = {}
         self.connections = self.images_shown = 0  # tabs that connected, images sent (all tabs)
+        self.exported = shown_subset(read_point_cloud(Path(settings.point_cloud))) if settings.point_cloud else None
         centres = scene.cameras.c2w[:, :3, 3]
         self.frustum_scale = 0.1 * float((centres - centres.mean(0)).norm(dim=-1).max().clamp(min=1e-3))
+        # Points a full-size pixel wide at the depth the training cameras look at (viser draws them about
+        # twice their size: an export at half the scene's size then leaves no gaps).
+        focal = float(scene.cameras.intrinsics[scene.train_ids[0], 1, 1])
+        self.point_size = orbit_depth(scene, scene.cameras.c2w[scene.train_ids[0]]) / focal
         port = settings.port or free_port(settings.host)
         self.server = viser.ViserServer(host=settings.host, port=port, verbose=False)
         self.port = self.server.get_port()
@@ -561,6 +645,14 @@ class ViewerApp:
         for view in list(self.clients.values()):
             view.close()
         self.server.stop()
+
+
+def shown_subset(cloud: PointCloud) -> PointCloud:
+    """At most `SHOWN_POINTS_MAX` of the cloud's points (a seeded random subset)."""
+    if len(cloud) <= SHOWN_POINTS_MAX:
+        return cloud
+    chosen = np.sort(np.random.default_rng(0).choice(len(cloud), SHOWN_POINTS_MAX, replace=False))
+    return PointCloud(cloud.points[chosen], cloud.colours[chosen])
 
 
 def has_camera(client: Any) -> bool:

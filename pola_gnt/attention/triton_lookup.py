@@ -2,12 +2,16 @@
 
 Three kernels: `view.triton_form` (GNT's view attention), `ray.triton_form` (the ray attention over up
 to 1024 samples) and `linear.triton_form` (the linear form of longer sequences). A kernel is used when
-triton imports, `POLA_GNT_TRITON_KERNELS` is not `0`, and it passes its first-use check: once per
-(kernel, device, dtype, head dim), a small forward and backward with a key mask against the fp64
-reference (`reference`), which each op writes with `random_leaves` and `compare`. The kernels are
-tested in Triton's CPU interpreter wherever the tests run, but a GPU, driver or Triton version they
-have not met can still fail to compile them or compute something else; then one warning says so and
-the PyTorch forms, which compute the same function, take over.
+triton imports, `POLA_GNT_TRITON_KERNELS` is not `0`, and, once per (kernel, device, dtype, head dim):
+1. it fits the GPU (`launch_refusal`): the launches of that small forward and backward, recorded on
+   `meta` tensors and compiled for the GPU's target, need no more shared memory per block than it
+   has (an A100 has 163 KB, an H100 227 KB); else one warning gives the reason, and no check runs;
+2. it passes its first-use check: a small forward and backward with a key mask against the fp64
+   reference (`reference`), which each op writes with `random_leaves` and `compare`.
+The kernels are tested in Triton's CPU interpreter wherever the tests run and compiled ahead of time
+for A100 and H100 (`tests/test_triton_aot.py`), but a GPU, driver or Triton version they have not met
+can still fail to compile them or compute something else; then one warning says so and the PyTorch
+forms, which compute the same function, take over.
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ import os
 import warnings
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from triton.backends.compiler import GPUTarget
 
 DISABLE_VARIABLE = "POLA_GNT_TRITON_KERNELS"
 
@@ -44,15 +51,30 @@ def triton_form(op: str) -> ModuleType | None:
 
 
 def passes_check(kernel: str, q: Tensor, head_dim: int, check: Callable[..., None], *args: Any) -> bool:
-    """Whether `kernel` passed `check(device, dtype, head_dim, *args)` for `q`'s device and dtype (run once)."""
+    """Whether `kernel` fits `q`'s GPU and passed `check(device, dtype, head_dim, *args)` for `q`'s
+    device and dtype (both once per key). `check` also runs on `meta` tensors: there it only records
+    the launches (`launch_refusal`)."""
     key = (kernel, str(q.device), q.dtype, head_dim)
     if key not in _checked:
         # Whatever the caller's mode (rendering runs under inference mode and autocast), the check
         # needs gradients and the inputs' own dtype.
         with torch.inference_mode(False), torch.enable_grad(), torch.autocast(q.device.type, enabled=False):
             try:
-                check(q.device, q.dtype, head_dim, *args)
-                _checked[key] = True
+                limits = device_limits(q.device)
+                refusal = None
+                if limits is not None:
+                    refusal = launch_refusal(lambda device: check(device, q.dtype, head_dim, *args), *limits)
+                if refusal is not None:
+                    warnings.warn(
+                        f"pola_gnt: the Triton {kernel} attention kernel cannot run on {q.device} ({q.dtype}, "
+                        f"head dim {head_dim}): {refusal}; using the PyTorch form (same function, slower).",
+                        RuntimeWarning,
+                        stacklevel=4,
+                    )
+                    _checked[key] = False
+                else:
+                    check(q.device, q.dtype, head_dim, *args)
+                    _checked[key] = True
             except Exception as error:  # a compilation error, or results that differ from the reference
                 first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
                 warnings.warn(
@@ -64,6 +86,40 @@ def passes_check(kernel: str, q: Tensor, head_dim: int, check: Callable[..., Non
                 )
                 _checked[key] = False
     return _checked[key]
+
+
+def device_limits(device: torch.device) -> tuple[GPUTarget, int] | None:
+    """A CUDA device's compile target and shared memory per block (bytes, opt-in); None elsewhere (the
+    interpreter has no such limit)."""
+    if device.type != "cuda":
+        return None
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    with torch.cuda.device(device):
+        target = driver.active.get_current_target()
+    assert isinstance(target, GPUTarget), target
+    return target, torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+
+
+def launch_refusal(record: Callable[[torch.device], None], target: GPUTarget, shared_limit: int) -> str | None:
+    """Why the kernels that `record(device)` launches cannot run on a GPU of `target` with
+    `shared_limit` bytes of shared memory per block, or None where they can: `record` runs on the
+    `meta` device (nothing computed), its launches are compiled for `target` (`triton_common.
+    compile_launch`, through Triton's cache: the launch compiles them anyway) and each kernel's
+    shared memory is held to the limit. Registers need no such test: ptxas spills what does not fit."""
+    from pola_gnt.attention.triton_common import compile_launch, recorded_launches
+
+    with recorded_launches() as launches:
+        record(torch.device("meta"))
+    for launch in launches:
+        shared = compile_launch(launch, target).metadata.shared
+        if shared > shared_limit:
+            return (
+                f"its kernel {launch.name} needs {shared / 1024:.0f} KB of shared memory per block, "
+                f"the GPU has {shared_limit / 1024:.0f} KB"
+            )
+    return None
 
 
 def random_leaves(shapes: dict[str, tuple[int, ...]], device: torch.device, dtype: torch.dtype):
@@ -97,6 +153,8 @@ def compare(kernel_out: Tensor, kernel_leaves: dict[str, Tensor], exact_out: Ten
     kernel_grads = torch.autograd.grad(
         kernel_out, [kernel_leaves[n] for n in names], grad.to(kernel_out.device, kernel_out.dtype)
     )
+    if kernel_out.is_meta:  # `launch_refusal`'s run: the forward and backward launches are recorded
+        return
     tolerance = _TOLERANCE[kernel_out.dtype]
     for name, got, expected in [("output", kernel_out, exact_out), *zip(names, kernel_grads, exact_grads)]:
         error = (got.detach().double().cpu() - expected.detach()).abs().max().item()

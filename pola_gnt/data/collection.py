@@ -32,8 +32,6 @@ from pola_gnt.data.settings import CollectionFolder, CollectionSettings, DataSet
 from pola_gnt.data.transforms_json import TRANSFORMS_FILE, load_transforms_scene
 
 MB = 2**20
-# `collection.folders[i].kind`: auto, or the kind of scene the folder holds.
-FOLDER_KINDS = ("auto", "llff", "blender", "transforms")
 # The file each kind's folder holds, in the order `auto` looks for them (a Blender scene first: its
 # folder may hold other JSON files, never a transforms.json capture's).
 KIND_FILES = {"blender": "transforms_train.json", "transforms": TRANSFORMS_FILE, "llff": "poses_bounds.npy"}

@@ -26,9 +26,6 @@ import numpy as np
 from pola_gnt.core.errors import UserError
 from pola_gnt.data.settings import ProcessDataSettings
 
-CAMERA_MODELS = ("SIMPLE_RADIAL", "RADIAL", "SIMPLE_PINHOLE")  # one focal length: fx = fy, as LLFF
-CAMERA_MODES = ("single", "per_image")
-MATCHING = ("auto", "exhaustive", "sequential")
 EXHAUSTIVE_MAX_IMAGES = 200  # "auto" matching: exhaustive up to this many photos, else sequential
 LLFF_PERCENTILES = (0.1, 99.9)  # near / far: percentiles of the depths of the points a view sees (LLFF)
 INSTALL_HINT = "pip install -e '.[capture]' (or: pip install pycolmap)"

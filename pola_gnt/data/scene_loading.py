@@ -1,7 +1,8 @@
 """Scene settings -> `Scene`: where each kind of scene lives and which loader reads it. The kinds are
 one table, `SCENE_KINDS` (its keys are the allowed values of `scene.kind`): LLFF scenes under
 `data.root`, NeRF's Blender scenes under `data.synthetic_root`, transforms.json captures
-(nerfstudio, instant-ngp), the generated demo scene. A new kind is one loader and one entry there."""
+(nerfstudio, instant-ngp), the generated demo scene. A new kind is one loader and one entry there, and its name in
+`data.settings.SCENE_KIND_NAMES` (the settings own the allowed values; a test holds the two alike)."""
 
 from __future__ import annotations
 

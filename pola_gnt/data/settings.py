@@ -14,19 +14,25 @@ from pola_gnt.data.sampling import CROP_PLACEMENTS, crop_size, scaled_ray_count
 from pola_gnt.data.source_views import POOL_FACTORS, RIG_CHOICES
 
 MAX_SEED = 2**32 - 1  # numpy's and Lightning's seed range
+# `scene.kind`: the kinds of scene folder `pola_gnt.data.scene_loading.SCENE_KINDS` loads (one entry each).
+SCENE_KIND_NAMES = ("llff", "demo", "blender", "transforms")
+# `collection.folders[i].kind`: auto (from the folder's files), or the kind of scene the folder holds.
+FOLDER_KINDS = ("auto", "llff", "blender", "transforms")
+# `process_data`'s COLMAP choices (`pola_gnt.data.colmap`).
+CAMERA_MODELS = ("SIMPLE_RADIAL", "RADIAL", "SIMPLE_PINHOLE")  # one focal length: fx = fy, as LLFF
+CAMERA_MODES = ("single", "per_image")
+MATCHING = ("auto", "exhaustive", "sequential")
 
 
 @dataclass(frozen=True)
 class SceneSettings:
     name: str
-    kind: str  # a key of pola_gnt.data.scene_loading.SCENE_KINDS
+    kind: str  # one of SCENE_KIND_NAMES
     path: str | None  # the scene folder; None: data.root / name (blender: data.synthetic_root / name; demo: generated)
     rig: str  # auto (from the cameras) | forward (LLFF-like) | object (around an object): how sources are chosen
 
     def check(self, key: str) -> None:
-        from pola_gnt.data.scene_loading import SCENE_KINDS  # it loads these settings
-
-        check_choice(self.kind, f"{key}.kind", tuple(SCENE_KINDS))
+        check_choice(self.kind, f"{key}.kind", SCENE_KIND_NAMES)
         check_choice(self.rig, f"{key}.rig", RIG_CHOICES)
 
 
@@ -36,13 +42,11 @@ class CollectionFolder:
     capture (`kind`); the scene's name is the folder's name."""
 
     path: str  # absolute, or relative to data.root
-    kind: str  # auto (from the folder's files) | llff | blender | transforms: pola_gnt.data.collection.FOLDER_KINDS
+    kind: str  # auto (from the folder's files) | llff | blender | transforms: FOLDER_KINDS
     rig: str
     weight: float  # relative share of the training steps
 
     def check(self, key: str) -> None:
-        from pola_gnt.data.collection import FOLDER_KINDS  # it reads these settings
-
         if not self.path:
             raise UserError(f"{key}.path: must be a scene folder (absolute, or relative to data.root)")
         check_choice(self.kind, f"{key}.kind", FOLDER_KINDS)
@@ -178,8 +182,6 @@ class ProcessDataSettings:
 
     def check(self, key: str) -> None:
         """The keys are bare: this is the whole of conf/process_data.yaml (`key` is empty)."""
-        from pola_gnt.data.colmap import CAMERA_MODELS, CAMERA_MODES, MATCHING  # it reads these settings
-
         check_int(self.frames, "frames")
         check_choice(self.camera, "camera", CAMERA_MODES)
         check_choice(self.camera_model, "camera_model", CAMERA_MODELS)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +48,13 @@ DEPTH_DEFINITION = {
 def protocol_stride(protocol: str) -> int:
     """The GNT-compatible protocol renders and scores every 2nd pixel."""
     return 2 if protocol == "gnt" else 1
+
+
+def render_stride(protocols: Sequence[str]) -> int:
+    """The pixel stride one render must have to be scored by every one of `protocols`: each protocol's
+    pixels are then every `protocol_stride / render_stride`-th pixel of it (a full render serves both
+    the standard protocol and GNT's every 2nd pixel)."""
+    return math.gcd(*(protocol_stride(protocol) for protocol in protocols))
 
 
 def build_image_metrics(metrics: MetricsSettings) -> ImageMetrics:
@@ -138,6 +146,31 @@ def mean_scores(rows: list[dict], names: tuple[str, ...] = METRIC_NAMES) -> dict
     return means
 
 
+# The keys of a metrics document that depend on the protocol it was scored by (the rest, the header's
+# scene, model, training record and timings, are the run's): `protocols` holds these per protocol.
+PROTOCOL_KEYS = (
+    "protocol",
+    "lpips_net",
+    "resolution",
+    "metric_settings",
+    "mean",
+    "baseline",
+    "depth_baseline",
+    "depth_definition",
+    "per_image",
+    "null_reasons",
+)
+
+
+@dataclass
+class ProtocolResults:
+    """The same test views scored by one more protocol (`metrics.extra_protocols`): the header keys of
+    that protocol (`protocol`, `lpips_net`, `resolution`, `metric_settings`) and its view results."""
+
+    header: dict
+    results: list[ViewResult]
+
+
 def metrics_document(header: dict, results: list[ViewResult]) -> dict:
     """The `metrics.json` content (docs/interface.md): header, mean, baseline, per-image rows. Strict JSON:
     a non-finite score is `null`, and `null_reasons` says which and why."""
@@ -184,12 +217,27 @@ def colorize_depth(
     return (colours * 255.0).round().astype(np.uint8)
 
 
+def protocol_section(document: dict) -> dict:
+    """What of a metrics document its protocol decides (`PROTOCOL_KEYS`)."""
+    return {key: document[key] for key in PROTOCOL_KEYS if key in document}
+
+
 def write_results(
-    out_dir: Path, header: dict, results: list[ViewResult], depth_range: tuple[float, float], save_images: bool = True
+    out_dir: Path,
+    header: dict,
+    results: list[ViewResult],
+    depth_range: tuple[float, float],
+    save_images: bool = True,
+    extra: Sequence[ProtocolResults] = (),
 ) -> dict:
-    """Write `metrics.json`, `metrics.csv` and (optionally) `test_views/*.png`; return the document."""
+    """Write `metrics.json`, `metrics.csv` and (optionally) `test_views/*.png`; return the document.
+    With `extra` protocols (the same views scored again), `metrics.json` also holds `protocols`, every
+    protocol's section (`header`'s first), and each extra protocol's rows go to `metrics_<protocol>.csv`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     document = metrics_document(header, results)
+    extra_documents = [metrics_document({**header, **scored.header}, scored.results) for scored in extra]
+    if extra_documents:
+        document["protocols"] = {d["protocol"]: protocol_section(d) for d in [document, *extra_documents]}
     if save_images:
         views_dir = out_dir / "test_views"
         views_dir.mkdir(exist_ok=True)
@@ -206,6 +254,15 @@ def write_results(
                 write_atomic(
                     views_dir / f"{stem}_depth_exact.png", _png_bytes(colorize_depth(result.exact_depth, *depth_range))
                 )
+    write_atomic(out_dir / "metrics.csv", _csv_bytes(document))
+    for extra_document in extra_documents:
+        write_atomic(out_dir / f"metrics_{extra_document['protocol']}.csv", _csv_bytes(extra_document))
+    write_atomic(out_dir / "metrics.json", (json.dumps(document, indent=2, allow_nan=False) + "\n").encode())
+    return document
+
+
+def _csv_bytes(document: dict) -> bytes:
+    """`metrics.csv`: the per-image rows, the mean and the baseline of one protocol's document."""
     has_depth = "depth_baseline" in document
     csv_buffer = io.StringIO()
     depth_fields = [*DEPTH_NAMES, *DEPTH_BASELINE_NAMES] if has_depth else []
@@ -219,9 +276,13 @@ def write_results(
     writer.writerow(
         {"index": "baseline", "name": BASELINE_METHOD, **{k: document["baseline"][k] for k in METRIC_NAMES}}
     )
-    write_atomic(out_dir / "metrics.csv", csv_buffer.getvalue().encode())
-    write_atomic(out_dir / "metrics.json", (json.dumps(document, indent=2, allow_nan=False) + "\n").encode())
-    return document
+    return csv_buffer.getvalue().encode()
+
+
+def format_tables(document: dict) -> str:
+    """`format_table` of the document, and of each further protocol it holds (`protocols`)."""
+    sections = [section for name, section in document.get("protocols", {}).items() if name != document["protocol"]]
+    return "\n".join(format_table({**document, **section}) for section in [{}, *sections])
 
 
 def format_table(document: dict) -> str:

@@ -34,7 +34,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from pola_gnt.model.backbone import AlexNetEncoder, ImageFeatures
+from pola_gnt.model.backbone import AlexNetEncoder
+from pola_gnt.model.consistency_prior import ImageFeatures
 from pola_gnt.model.gnt import GNT
 
 MB = 2**20

@@ -46,6 +46,7 @@ the converted weights.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -55,10 +56,34 @@ from torch import Tensor, nn
 from pola_gnt.attention.modules import SubtractionViewAttention
 from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
 from pola_gnt.geometry.rays import Rays, points_along_rays
-from pola_gnt.model.backbone import AlexNetEncoder, ConsistencyFeatures
+from pola_gnt.model.backbone import AlexNetEncoder
+from pola_gnt.model.consistency_prior import (
+    ConsistencyFeatures,
+    PriorImage,
+    angle_weights,
+    feature_spread,
+    pyramid_colour_statistics,
+    working_images,
+    working_pyramid,
+)
 from pola_gnt.model.encoder import ImageEncoder
 from pola_gnt.model.settings import NetSettings
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
+
+
+@runtime_checkable
+class RenderingNetwork(Protocol):
+    """What `SourceViews.keep_prior_images` asks of a network: the GNT's, or its render network's
+    (`model.inference.FastRenderNetwork`, which this module cannot import)."""
+
+    @property
+    def settings(self) -> NetSettings: ...
+
+    @property
+    def consistency_features(self) -> ConsistencyFeatures | None: ...
+
+    def working_factor(self, images: Tensor) -> int: ...
+
 
 GNT_NORM_EPS = 1e-6  # the epsilon of the LayerNorms in GNT's transformer blocks (its read-out's: 1e-5)
 
@@ -69,51 +94,58 @@ class SourceViews:
     features: Float[Tensor, "views channels h w"]  # encoder output (any resolution: sampled in normalised coordinates)
     c2w: Float[Tensor, "views 4 4"]  # OpenCV camera-to-world
     intrinsics: Float[Tensor, "views 3 3"]  # for the images' (height, width)
-    # colour_pyramid's results by level count: a render reads the same views chunk after chunk.
-    _pyramids: dict[int, Tensor] = field(default_factory=dict, repr=False, compare=False)
-    # ConsistencyFeatures' maps by its (layer, dims), the same way
-    _consistency_maps: dict[tuple[int, int], Tensor] = field(default_factory=dict, repr=False, compare=False)
+    # What the consistency prior computes of these views, once (a render reads the same views chunk after
+    # chunk): its colours by (kind, levels, working factor), ConsistencyFeatures' maps by (layer, dims, factor).
+    _colours: dict[tuple[str, int, int], Tensor] = field(default_factory=dict, repr=False, compare=False)
+    _consistency_maps: dict[tuple[int, int, int], Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def centers(self) -> Float[Tensor, "views 3"]:
         """Camera centres `[views, 3]`."""
         return self.c2w[:, :3, 3]
 
-    def coarse_colours(self, levels: int) -> Float[Tensor, "views channels height width"]:
-        """`colour_pyramid(images, levels)` of these views, computed once."""
-        if levels not in self._pyramids:
-            self._pyramids[levels] = colour_pyramid(self.images, levels)
-        return self._pyramids[levels]
+    def coarse_colours(self, levels: int, factor: int = 1) -> Float[Tensor, "views channels height width"]:
+        """`working_pyramid(images, levels, factor)` of these views, computed once."""
+        key = ("coarse", levels, factor)
+        if key not in self._colours:
+            self._colours[key] = working_pyramid(self.images, levels, factor)
+        return self._colours[key]
 
-    def consistency_maps(self, extractor: ConsistencyFeatures) -> Float[Tensor, "views channels h w"]:
-        """`extractor(images)` of these views, computed once (or as `keep_consistency_maps` gave them)."""
-        key = (extractor.layer, extractor.dims)
+    def prior_colours(self, levels: int, factor: int = 1) -> Float[Tensor, "views channels height width"]:
+        """The images and their `coarse_colours(levels, factor)` side by side, fp32, channels last (each
+        pixel's colours at every level together, as the prior's kernel reads them), computed once."""
+        key = ("prior", levels, factor)
+        if key not in self._colours:
+            colours = torch.cat([self.images.float(), self.coarse_colours(levels, factor)], dim=1)
+            self._colours[key] = colours.contiguous(memory_format=torch.channels_last)
+        return self._colours[key]
+
+    def consistency_maps(self, extractor: ConsistencyFeatures, factor: int = 1) -> Float[Tensor, "views channels h w"]:
+        """`extractor` of these views' working images (`working_images(images, factor)`), computed once (or
+        as `keep_consistency_maps` gave them)."""
+        key = (extractor.layer, extractor.dims, factor)
         if key not in self._consistency_maps:
-            self._consistency_maps[key] = extractor(self.images)
+            self._consistency_maps[key] = extractor(working_images(self.images, factor))
         return self._consistency_maps[key]
 
-    def keep_consistency_maps(self, extractor: ConsistencyFeatures, maps: Float[Tensor, "views channels h w"]) -> None:
-        """Give `consistency_maps` what `extractor(images)` would compute (training's `model.feature_cache`)."""
-        self._consistency_maps[(extractor.layer, extractor.dims)] = maps
+    def keep_consistency_maps(
+        self, extractor: ConsistencyFeatures, maps: Float[Tensor, "views channels h w"], factor: int = 1
+    ) -> None:
+        """Give `consistency_maps` what it would compute (training's `model.feature_cache`)."""
+        self._consistency_maps[(extractor.layer, extractor.dims, factor)] = maps
 
-
-def colour_pyramid(
-    images: Float[Tensor, "views 3 height width"], levels: int
-) -> Float[Tensor, "views channels height width"]:
-    """The blurred colours of `images` for the multi-scale photo-consistency: levels 1 .. levels - 1
-    of a box pyramid (each 2 x 2 averages of the one before, the last cell of an odd side averaging
-    what it covers) upsampled bilinearly back to the images' size, stacked as `3 (levels - 1)`
-    channels (level 0, the images themselves, is not repeated). A pixel of level k is the mean colour
-    of about a 2^k-pixel square around it: comparing those across views compares patches, which a
-    single pixel's colour cannot (noise, aliasing, a sample a pixel off its surface)."""
-    height, width = images.shape[-2:]
-    level, out = images.float(), []
-    for _ in range(levels - 1):
-        level = F.avg_pool2d(level, 2, ceil_mode=True)
-        out.append(F.interpolate(level, size=(height, width), mode="bilinear", align_corners=False))
-    if not out:
-        return images.new_zeros((images.shape[0], 0, height, width), dtype=torch.float32)
-    return torch.cat(out, dim=1)
+    def keep_prior_images(self, net: RenderingNetwork, images: list[PriorImage]) -> None:
+        """Give `coarse_colours` and `consistency_maps` what they would compute for `net` (the GNT or its
+        render network), from each view's `net.prior_image` (kept for a scene's renders: `PriorImageCache`);
+        the same values."""
+        factor = net.working_factor(self.images)
+        if images and images[0].coarse is not None:
+            coarse = torch.cat([image.coarse for image in images if image.coarse is not None])
+            self._colours[("coarse", net.settings.readout_consistency_levels, factor)] = coarse
+        extractor = net.consistency_features
+        if extractor is not None:
+            features = [image.features for image in images if image.features is not None]
+            self.keep_consistency_maps(extractor, extractor.combine(features), factor)
 
 
 @dataclass
@@ -129,11 +161,14 @@ class GatheredSamples:
     values: Float[Tensor, "rays samples views channels"]  # rgb then feature (3 + C), zero where not visible
     visible: Bool[Tensor, "rays samples views"]  # in front of the source camera and inside its image
     rel_dirs: Float[Tensor, "rays samples views 4"]  # GNT's relative direction
-    # the blurred colours `SourceViews.coarse_colours` (3 per level above 0), zero where not visible;
-    # None when not asked for
+    # the blurred colours `SourceViews.coarse_colours` (3 per level), zero where not visible; None when not
+    # asked for
     coarse_rgb: Float[Tensor, "rays samples views coarse"] | None = None
     # `SourceViews.consistency_maps` read there, zero where not visible; None when not asked for
     consistency: Float[Tensor, "rays samples views consistency"] | None = None
+    # whether the images' own colours are the pyramid's level 0 (`coarse_rgb` the levels above it), or
+    # `coarse_rgb` holds every level, of images reduced to their working size (`NetSettings.working_size`)
+    image_is_level0: bool = True
 
 
 def _bilinear_read(
@@ -158,6 +193,7 @@ def gather_source_samples(
     gnt_compatible: bool = False,
     colour_levels: int = 1,
     consistency: ConsistencyFeatures | None = None,
+    working_factor: int = 1,
 ) -> GatheredSamples:
     """Project `points` `[rays, samples, 3]` into every source view and read colour and features.
 
@@ -166,9 +202,11 @@ def gather_source_samples(
     pixel `(u, v)` of the image reads exactly that pixel). Runs in fp32 even under autocast: bf16
     pixel coordinates would be off by pixels. `gnt_compatible`: GNT's edge test (between the outer
     pixel centres), zero padding, values kept where a view does not see the point in front of it, and
-    GNT's relative-direction epsilons (see the module docstring). `colour_levels` > 1 also reads the
+    GNT's relative-direction epsilons (see the module docstring). `colour_levels` (the prior's pyramid
+    levels; 0: no prior) > 1, or 1 at a working factor above 1, also reads the
     blurred colours of `SourceViews.coarse_colours` (`GatheredSamples.coarse_rgb`); `consistency` also reads
-    its feature maps (`SourceViews.consistency_maps`, `GatheredSamples.consistency`).
+    its feature maps (`SourceViews.consistency_maps`, `GatheredSamples.consistency`); both of the images
+    reduced by `working_factor` (`NetSettings.working_factor`; 1: the images themselves).
     """
     n_rays, n_samples, _ = points.shape
     height, width = sources.images.shape[-2:]
@@ -197,20 +235,26 @@ def gather_source_samples(
         in_front = (projection.depth > 0).permute(1, 2, 0) if gnt_compatible else visible
         values = values * in_front[..., None]
         coarse_rgb = None
-        if colour_levels > 1:
-            coarse = _bilinear_read(sources.coarse_colours(colour_levels), grid, padding_mode)
+        if colour_levels > 1 or (colour_levels and working_factor > 1):
+            coarse = _bilinear_read(sources.coarse_colours(colour_levels, working_factor), grid, padding_mode)
             coarse_rgb = coarse.unflatten(1, (n_rays, n_samples)).permute(1, 2, 0, 3) * in_front[..., None]
         consistency_values = None
         if consistency is not None:
-            maps = sources.consistency_maps(consistency)
-            feature_grid = pixels_to_grid(consistency.feature_pixels(projection.pixels), *maps.shape[-2:]).flatten(1, 2)
+            maps = sources.consistency_maps(consistency, working_factor)
+            feature_pixels = consistency.feature_read(working_factor).feature_pixels(projection.pixels)
+            feature_grid = pixels_to_grid(feature_pixels, *maps.shape[-2:]).flatten(1, 2)
             read = _bilinear_read(maps, feature_grid, padding_mode)
             consistency_values = read.unflatten(1, (n_rays, n_samples)).permute(1, 2, 0, 3) * in_front[..., None]
         rel_dirs = relative_directions(
             points, target_centers[:, None, :].float(), sources.centers.float(), gnt_epsilons=gnt_compatible
         )
     return GatheredSamples(
-        values=values, visible=visible, rel_dirs=rel_dirs, coarse_rgb=coarse_rgb, consistency=consistency_values
+        values=values,
+        visible=visible,
+        rel_dirs=rel_dirs,
+        coarse_rgb=coarse_rgb,
+        consistency=consistency_values,
+        image_is_level0=working_factor == 1,
     )
 
 
@@ -297,97 +341,23 @@ def source_colour_statistics(
     deviation over the visible views averaged over the channels (the photo-consistency of multi-view
     stereo: near 0 where the sample lies on a surface that the views see alike, large in empty space
     in front of or behind textured surfaces). With `gathered.coarse_rgb` the spread is the mean of
-    the spreads at every level of the blur pyramid (`colour_pyramid`), level 0 the pixels' own.
+    the spreads at every level of the blur pyramid (`working_pyramid`), level 0 the pixels' own (or,
+    at a working size, the reduced image's).
     Samples seen by fewer than two views have no spread to measure and get the largest value any
     sample has, 1 / 2 (colours are in [0, 1]). With `gathered.consistency`, `feature_weight` times the
     spread of those features (`feature_spread`) is added to the spread. A positive
     `view_angle_weighting` weighs the mean by `angle_weights` (the spread stays over all views alike:
     it measures agreement)."""
     rgb = gathered.values[..., :3]  # zero where not visible
-    mean, spread = pyramid_colour_statistics(rgb, gathered.coarse_rgb, gathered.visible, dim=2)
+    mean, spread = pyramid_colour_statistics(
+        rgb, gathered.coarse_rgb, gathered.visible, dim=2, image_is_level0=gathered.image_is_level0
+    )
     if gathered.consistency is not None:
         spread = spread + feature_weight * feature_spread(gathered.consistency, gathered.visible, dim=2)
     if view_angle_weighting:
         weights = angle_weights(gathered.rel_dirs[..., 3], gathered.visible, view_angle_weighting, dim=2)
         mean = (weights[..., None] * rgb).sum(dim=2)
     return mean, spread
-
-
-def angle_weights(
-    cosines: Float[Tensor, "*batch_views"], visible: Bool[Tensor, "*batch_views"], temperature: float, dim: int
-) -> Float[Tensor, "*batch_views"]:
-    """Weights over the source views (axis `dim`, summing to 1 over the visible ones, 0 elsewhere and
-    where no view sees the point) by how far each view's ray to the point turns from the target ray:
-    the unstructured lumigraph's rule that a nearer view's colour is the better guess, since a wrong
-    depth shifts it by less parallax and it sees the same side of the surface.
-
-    `cosines` are the cosines of those angles (`relative_directions`' last number). The angles are
-    measured from the nearest visible view's and in units of the visible views' mean angle, so the
-    rule reads the same for a forward-facing capture (views a few degrees apart) as around an
-    object: `softmax(-(angle - nearest) / (temperature x mean angle))`. A small temperature picks the
-    nearest view; a large one tends to the plain mean. No gradient: the weights are geometry."""
-    angles = torch.arccos(cosines.detach().float().clamp(-1.0, 1.0))
-    visible_angles = angles.masked_fill(~visible, float("inf"))
-    nearest = visible_angles.amin(dim=dim, keepdim=True)
-    count = visible.sum(dim=dim, keepdim=True).clamp(min=1)
-    mean_angle = (angles * visible).sum(dim=dim, keepdim=True) / count
-    # The scale's floor keeps points the views all see head-on (every angle about 0) finite.
-    scores = -(visible_angles - nearest.clamp(max=torch.pi)) / (temperature * mean_angle.clamp(min=1e-6))
-    weights = torch.softmax(scores, dim=dim)  # a point no view sees: every score -inf -> nan ...
-    return torch.where(visible, weights, torch.zeros_like(weights))  # ... made 0 here
-
-
-def feature_spread(
-    features: Float[Tensor, "*batch channels"], visible: Bool[Tensor, "*batch_views"], dim: int
-) -> Float[Tensor, "*points"]:
-    """How far the visible views' unit-length feature vectors (`ConsistencyFeatures`; axis `dim`, zero
-    where not visible) lie from their mean: the root of the summed variance over the channels, 0 where
-    they agree and at most 1 (`sqrt(1 - |mean|^2)` for unit vectors); 1 where fewer than two views see
-    the point.
-
-    In one pass, as the mean squared length minus the squared length of the mean: over 192 channels a
-    third of the time of subtracting the mean first. Its fp32 rounding leaves about 3e-4 where the
-    vectors agree (the root of 1e-7), under a thousandth of the spread's range."""
-    weights = visible.to(features.dtype)
-    count = weights.sum(dim=dim)
-    views = count.clamp(min=1.0)
-    mean = features.sum(dim=dim) / views[..., None]
-    squared_length = (features.square().sum(dim=-1) * weights).sum(dim=dim) / views
-    spread = (squared_length - mean.square().sum(dim=-1)).clamp(min=0.0).sqrt()
-    return torch.where(count >= 2, spread, torch.ones_like(spread))
-
-
-def pyramid_colour_statistics(
-    rgb: Float[Tensor, "*batch 3"],
-    coarse: Float[Tensor, "*batch coarse"] | None,
-    visible: Bool[Tensor, "*batch_views"],
-    dim: int,
-) -> tuple[Float[Tensor, "*points 3"], Float[Tensor, "*points"]]:
-    """`colour_spread` of the pixels' colours `rgb`, its spread averaged with the spreads of the blurred
-    levels `coarse` (3 channels per level, `colour_pyramid`'s; None: the pixels' alone); views along
-    `dim`, values zero where not visible. The network's layout and the fast renderer's share it."""
-    mean, spread = colour_spread(rgb, visible, dim=dim)
-    if coarse is not None:
-        levels = coarse.shape[-1] // 3
-        for level in range(levels):
-            spread = spread + colour_spread(coarse[..., 3 * level : 3 * level + 3], visible, dim=dim)[1]
-        spread = spread / (1 + levels)
-    return mean, spread
-
-
-def colour_spread(
-    rgb: Float[Tensor, "*batch 3"], visible: Bool[Tensor, "*batch_views"], dim: int
-) -> tuple[Float[Tensor, "*points 3"], Float[Tensor, "*points"]]:
-    """The mean colour over the visible views (axis `dim` of `rgb`, whose values are zero where not
-    visible) and the channel-mean standard deviation over them (`source_colour_statistics`; 1 / 2
-    where fewer than two views see the point)."""
-    weights = visible.to(rgb.dtype)[..., None]
-    count = weights.sum(dim=dim)
-    views = count.clamp(min=1.0)
-    mean = rgb.sum(dim=dim) / views
-    variance = ((rgb - mean.unsqueeze(dim)).square() * weights).sum(dim=dim) / views
-    spread = variance.clamp(min=0.0).sqrt().mean(dim=-1)
-    return mean, torch.where(count[..., 0] >= 2, spread, torch.full_like(spread, 0.5))
 
 
 class SourceViewBlend(nn.Module):
@@ -568,8 +538,27 @@ class GNT(nn.Module):
             else None
         )
 
+    def prior_image(self, image: Float[Tensor, "1 3 height width"]) -> PriorImage:
+        """What the read-out's prior computes of one source image alone, for a scene's renders
+        (`SourceViews.keep_prior_images`): none of it where the read-out reads no source colours."""
+        coarse, features = None, None
+        if self.readout.needs_source_colours:
+            factor, levels = self.working_factor(image), self.settings.readout_consistency_levels
+            if levels > 1 or factor > 1:
+                coarse = working_pyramid(image, levels, factor)
+            if self.consistency_features is not None:
+                features = self.consistency_features.image_features(working_images(image, factor))
+        return PriorImage(coarse, features)
+
+    def working_factor(self, images: Float[Tensor, "views 3 height width"]) -> int:
+        """The whole factor by which the source `images` are reduced for their own work
+        (`NetSettings.working_size`: the encoder's input, the prior's pyramid and features)."""
+        return self.settings.working_factor(*images.shape[-2:])
+
     def encoder_input(self, images: Float[Tensor, "views 3 height width"]) -> Float[Tensor, "views 3 h w"]:
-        """The source images as the encoder sees them: at `encoder_input_scale` of their size."""
+        """The source images as the encoder sees them: their working images (`working_factor`) at
+        `encoder_input_scale` of their size."""
+        images = working_images(images, self.working_factor(images))
         if self.encoder_input_scale == 1.0:
             return images
         return F.interpolate(
@@ -608,8 +597,9 @@ class GNT(nn.Module):
             rays.origins,
             sources,
             self.gnt_compatible,
-            self.settings.readout_consistency_levels,
+            self.settings.readout_consistency_levels if self.readout.needs_source_colours else 0,
             self.consistency_features,
+            self.working_factor(sources.images),
         )
         seen = gathered.visible.any(dim=-1)  # [rays, samples]
 

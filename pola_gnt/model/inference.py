@@ -47,23 +47,14 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from pola_gnt.attention.modules import ViewAttention
-from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
 from pola_gnt.geometry.rays import Rays, points_along_rays
 from pola_gnt.model import render_kernels
+from pola_gnt.model.consistency_prior import ConsistencyFeatures, FeatureRead, PriorImage
 from pola_gnt.model.fused_linear import FusedLinear, fuse_linear_layers, fused_linear
-from pola_gnt.model.gnt import (
-    GNT,
-    GNTBlock,
-    RayOutput,
-    SourceViews,
-    angle_weights,
-    feature_spread,
-    pyramid_colour_statistics,
-    sinusoidal_encoding,
-)
+from pola_gnt.model.gnt import GNT, GNTBlock, RayOutput, SourceViews, sinusoidal_encoding
+from pola_gnt.model.settings import PRECISIONS, NetSettings
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
 
-PRECISIONS = ("auto", "fp32", "bf16")
 CPUINFO = Path("/proc/cpuinfo")
 
 
@@ -206,12 +197,24 @@ class FastRenderNetwork:
         self._last_projected: ProjectedSources | None = None
 
     @property
-    def settings(self):
+    def settings(self) -> NetSettings:
         return self.net.settings
 
     @property
     def gnt_compatible(self) -> bool:
         return False
+
+    @property
+    def consistency_features(self) -> ConsistencyFeatures | None:
+        return self.net.consistency_features
+
+    def working_factor(self, images: Float[Tensor, "views 3 height width"]) -> int:
+        return self.net.working_factor(images)
+
+    def prior_image(self, image: Float[Tensor, "1 3 height width"]) -> PriorImage:
+        """The GNT's `prior_image` (fp32, whatever autocast is around)."""
+        with torch.autocast(image.device.type, enabled=False):
+            return self.net.prior_image(image)
 
     # ---- source views ----------------------------------------------------------------------------
 
@@ -268,17 +271,23 @@ class FastRenderNetwork:
         height, width = views.images.shape[-2:]
         # fp32 geometry, reads and codes; the bf16 work starts at the second layer of the view tokens.
         points = points_along_rays(rays, depths).float()  # [rays, samples, 3]
-        projection = project_points(points, views.c2w.float(), views.intrinsics.float(), height, width)
-        grid = pixels_to_grid(projection.pixels, height, width).flatten(1, 2)  # [views, points, 2]
-        visible = projection.visible.flatten(1)  # [views, points]
-        # The colours, channels first as grid_sample reads them: [views, 3, points], zero where unseen.
-        rgb = _bilinear_channels(views.images.float(), grid, "border").mul_(visible[:, None, :].float())
+        # Where each sample falls in each view ([views, points, 2]), whether it is seen there ([views, points]
+        # and [points, views]), its relative directions ([rays, samples, views, 4]).
+        grid, visible, view_mask, rel_dirs = render_kernels.sample_geometry(
+            points, rays.origins, views.c2w, views.intrinsics, height, width
+        )
+        readout = net.readout
+        source_colours = None
+        if readout.needs_source_colours:
+            # The prior's statistics, and the colours read on the way: [views, 3, points], zero where unseen.
+            mean, spread, rgb = self._prior_statistics(views, grid, visible, rel_dirs)
+            source_colours = (mean.unflatten(0, (n_rays, n_samples)), spread.unflatten(0, (n_rays, n_samples)))
+        else:  # the colours, channels first as grid_sample reads them
+            rgb = _bilinear_channels(views.images.float(), grid, "border").mul_(visible[:, None, :].float())
         # First layer: relu(visible * (W_f f) + W_rgb rgb + b), in the token layout [points, views, width].
         tokens_in = render_kernels.view_token_inputs(
             prepared.projected, grid, visible, rgb, self.rgb_weight, self.first_bias, dtype
         )
-        rel_dirs = relative_directions(points, rays.origins[:, None, :].float(), views.centers.float())
-        view_mask = visible.t().contiguous()  # [points, views]
         seen = view_mask.any(dim=-1).unflatten(0, (n_rays, n_samples))  # [rays, samples]
         point_code = sinusoidal_encoding(points, net.n_freqs)  # [rays, samples, 63]
         unit_dirs = F.normalize(rays.directions.float(), dim=-1)
@@ -300,30 +309,6 @@ class FastRenderNetwork:
                 first = torch.relu_(first.add_(per_ray[:, None, :]))
                 tokens = block.position_fusion[2](first)
             tokens = _ray_block(block.ray_block, tokens, seen)
-        readout = net.readout
-        source_colours = None
-        if readout.needs_source_colours:
-            coarse, levels = None, net.settings.readout_consistency_levels
-            if levels > 1:
-                coarse = _bilinear_channels(views.coarse_colours(levels), grid, "border")
-                coarse = coarse.mul_(visible[:, None, :].float()).transpose(1, 2)  # [views, points, 3 (levels - 1)]
-            source_colours = _source_colour_statistics(rgb.transpose(1, 2), coarse, visible, n_rays, n_samples)
-            extractor = net.consistency_features
-            if extractor is not None:
-                maps = views.consistency_maps(extractor)
-                feature_grid = pixels_to_grid(extractor.feature_pixels(projection.pixels), *maps.shape[-2:])
-                features = _bilinear_channels(maps, feature_grid.flatten(1, 2), "border")
-                features = features.mul_(visible[:, None, :].float()).transpose(1, 2)  # [views, points, C]
-                spread = feature_spread(features, visible, dim=0).unflatten(0, (n_rays, n_samples))
-                weight = net.settings.readout_consistency_features
-                source_colours = (source_colours[0], source_colours[1] + weight * spread)
-            temperature = net.settings.readout_view_angle_weighting
-            if temperature:
-                view_rgb = rgb.permute(2, 0, 1).unflatten(0, (n_rays, n_samples))  # [rays, samples, views, 3]
-                weights = angle_weights(
-                    rel_dirs[..., 3], view_mask.unflatten(0, (n_rays, n_samples)), temperature, dim=2
-                )
-                source_colours = ((weights[..., None] * view_rgb).sum(dim=2), source_colours[1])
         if self.view_blend is not None and source_colours is not None:
             blended = self.view_blend(
                 view_tokens.unflatten(0, (n_rays, n_samples)),
@@ -335,18 +320,34 @@ class FastRenderNetwork:
             source_colours = (blended, source_colours[1])
         return readout(tokens.float(), seen, depths.float(), source_colours)
 
-
-def _source_colour_statistics(
-    rgb: Float[Tensor, "views points 3"],
-    coarse: Float[Tensor, "views points coarse"] | None,
-    visible: Tensor,
-    n_rays: int,
-    n_samples: int,
-) -> tuple[Float[Tensor, "rays samples 3"], Float[Tensor, "rays samples"]]:
-    """`gnt.source_colour_statistics` from the view-major reads (rgb and the blurred levels `coarse`
-    zeroed where not visible)."""
-    mean, spread = pyramid_colour_statistics(rgb, coarse, visible, dim=0)
-    return mean.unflatten(0, (n_rays, n_samples)), spread.unflatten(0, (n_rays, n_samples))
+    def _prior_statistics(
+        self,
+        views: SourceViews,
+        grid: Float[Tensor, "views points 2"],
+        visible: Bool[Tensor, "views points"],
+        rel_dirs: Float[Tensor, "rays samples views 4"],
+    ) -> tuple[Float[Tensor, "points 3"], Float[Tensor, " points"], Float[Tensor, "views 3 points"]]:
+        """The read-out's consistency prior of every sample (`render_kernels.prior_statistics`), with the
+        source colours it read there."""
+        settings = self.net.settings
+        factor = self.net.working_factor(views.images)
+        extractor = self.net.consistency_features
+        features, feature_read = None, FeatureRead(1.0, 0.0)
+        if extractor is not None:
+            features = views.consistency_maps(extractor, factor)
+            feature_read = extractor.feature_read(factor)
+        temperature = settings.readout_view_angle_weighting
+        return render_kernels.prior_statistics(
+            views.prior_colours(settings.readout_consistency_levels, factor),
+            grid,
+            visible,
+            features,
+            rel_dirs[..., 3].flatten(0, 1) if temperature else None,
+            0 if factor == 1 else 1,  # the spread's first level: the image's own colours, or the working image's
+            feature_read,
+            settings.readout_consistency_features,
+            temperature,
+        )
 
 
 def _converted(module: nn.Module, dtype: torch.dtype) -> nn.Module:

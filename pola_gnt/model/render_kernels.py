@@ -17,11 +17,15 @@ from torch import Tensor, nn
 
 from pola_gnt.attention.modules import SoftmaxRayAttention, SubtractionViewAttention, ViewAttention
 from pola_gnt.core.cpp_build import build_extension
+from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
+from pola_gnt.model.consistency_prior import FeatureRead, view_major_statistics
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "render_cpu.cpp"
 _LIBRARY = "pola_gnt_render"
 MAX_WIDTH = 512  # kMaxWidth: the most channels a kernel's per-thread row holds
 MAX_SUBTRACTION_VIEWS = 64  # kMaxSubtractionViews
+MAX_PRIOR_VIEWS = 32  # kMaxPriorViews
+MAX_PRIOR_CHANNELS = 64  # kMaxPriorChannels: colour channels (3 per level), feature channels
 _built: bool | None = None
 
 
@@ -150,3 +154,83 @@ def ray_attention(
         attended = getattr(torch.ops, _LIBRARY).softmax_ray_attention(qkv, sample_mask.contiguous(), attention.heads)
         return attention.proj(attended)
     return attention(tokens, sample_mask)
+
+
+def prior_statistics(
+    colours: Float[Tensor, "views channels height width"],
+    grid: Float[Tensor, "views points 2"],
+    visible: Bool[Tensor, "views points"],
+    features: Float[Tensor, "views feature_channels h w"] | None,
+    cosines: Float[Tensor, "points views"] | None,
+    first_level: int,
+    feature_read: FeatureRead,
+    feature_weight: float,
+    temperature: float,
+) -> tuple[Float[Tensor, "points 3"], Float[Tensor, " points"], Float[Tensor, "views 3 points"]]:
+    """`consistency_prior.view_major_statistics` (its arguments and results): the read-out's prior per
+    sample, every view's colours and features of a point read and reduced in one pass of the kernel.
+    float32 throughout."""
+    channels = max(colours.shape[1], 0 if features is None else features.shape[1])
+    if (
+        _kernels(colours, grid, width=channels)
+        and colours.dtype == grid.dtype == torch.float32
+        and (features is None or features.dtype == torch.float32)
+        and len(colours) <= MAX_PRIOR_VIEWS
+        and channels <= MAX_PRIOR_CHANNELS
+    ):
+        no_features = colours.new_zeros((len(colours), 1, 1, 0))
+        features_last = no_features if features is None else features.permute(0, 2, 3, 1).contiguous()
+        weighted = temperature > 0 and cosines is not None
+        return getattr(torch.ops, _LIBRARY).prior_statistics(
+            colours.permute(0, 2, 3, 1).contiguous(),  # [views, H, W, channels]: free for channels_last maps
+            grid.contiguous(),
+            visible.contiguous(),
+            features_last,
+            cosines.contiguous() if weighted and cosines is not None else grid.new_zeros(0),
+            first_level,
+            feature_read.stride,
+            feature_read.offset,
+            feature_read.scale,
+            feature_weight,
+            temperature if weighted else 0.0,
+        )
+    return view_major_statistics(
+        colours, grid, visible, features, cosines, first_level, feature_read, feature_weight, temperature
+    )
+
+
+def sample_geometry(
+    points: Float[Tensor, "rays samples 3"],
+    origins: Float[Tensor, "rays 3"],
+    c2w: Float[Tensor, "views 4 4"],
+    intrinsics: Float[Tensor, "views 3 3"],
+    height: int,
+    width: int,
+) -> tuple[
+    Float[Tensor, "views points 2"],
+    Bool[Tensor, "views points"],
+    Bool[Tensor, "points views"],
+    Float[Tensor, "rays samples views 4"],
+]:
+    """Each sample (points = rays x samples) in every source view, float32: where it projects, as
+    `grid_sample` coordinates (`project_points`, `pixels_to_grid`; a pixel's area around the outer
+    pixel centres inside), whether it is visible there (views first, and points first), and GNT's
+    relative directions to the ray's origin (`relative_directions`)."""
+    n_rays, n_samples, _ = points.shape
+    if _kernels(points, width=1):
+        grid, visible, view_mask, rel_dirs = getattr(torch.ops, _LIBRARY).sample_geometry(
+            points.float().reshape(-1, 3).contiguous(),
+            torch.linalg.inv(c2w.float()).contiguous(),
+            intrinsics.float().contiguous(),
+            origins.float().contiguous(),
+            c2w[:, :3, 3].float().contiguous(),
+            height,
+            width,
+            0.5,
+        )
+        return grid, visible, view_mask, rel_dirs.unflatten(0, (n_rays, n_samples))
+    projection = project_points(points.float(), c2w.float(), intrinsics.float(), height, width)
+    grid = pixels_to_grid(projection.pixels, height, width).flatten(1, 2)
+    visible = projection.visible.flatten(1)
+    rel_dirs = relative_directions(points.float(), origins[:, None, :].float(), c2w[:, :3, 3].float())
+    return grid, visible, visible.t().contiguous(), rel_dirs

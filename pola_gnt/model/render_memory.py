@@ -1,6 +1,8 @@
-"""Rays per rendering pass under a memory budget (`render.max_memory_mb`), for `render_video` and the
-viewer: `render.chunk_rays` is the most rays per pass, and fewer when that many would not fit; and how
-many passes run at once on a CPU (`render.workers`, `model.renderer.render_rays`) within the same budget.
+"""Rays per rendering pass under a memory budget (`render.max_memory_mb`), for the test phase,
+`render_video` and the viewer: `render.chunk_rays` is the most rays per pass, and fewer when that many
+would not fit, or on a CPU would not stay in its caches (`CPU_PASS_MB`); and how many passes run at
+once on a CPU (`render.workers`, `model.renderer.render_rays`) within the same budget. Neither changes a
+pixel (a ray's result does not depend on the rays beside it: tests/test_render_kernels.py).
 
 The estimate: the largest activations of a pass are the view transformer's per (ray, sample, view)
 tensors of the network's width (queries, keys, values, gates, the FFN's hidden layer and the residual
@@ -18,6 +20,11 @@ from pola_gnt.model.settings import NetSettings, RenderSettings
 ACTIVATIONS_PER_POINT = 8  # width-sized float32 tensors per (ray, sample, view) alive at once, at most
 CPU_BUDGET_MB = 1024.0  # the default budget on a CPU: a laptop's share
 CUDA_FREE_FRACTION = 0.5  # the default budget on a CUDA device: this much of its free memory
+# Beyond about this estimate a pass's activations leave a CPU's caches between the network's steps, each of
+# which reads the last one's output: the quick preset's 4 source views (165 KB a ray at 32 samples) rendered
+# fastest at 1024 rays a pass, the shipped models' 8 views (330 KB) at 512, 1.15x the speed of 1024
+# (docs/benchmarks.md), both about this size.
+CPU_PASS_MB = 176.0
 _BYTES = 4  # float32
 
 
@@ -45,9 +52,11 @@ def budget_mb_of(render: RenderSettings, device: torch.device) -> float:
 
 
 def budget_chunk_rays(render: RenderSettings, net: NetSettings, num_source_views: int, device: torch.device) -> int:
-    """Rays per pass: `render.chunk_rays`, or fewer so that a pass fits `render.max_memory_mb`
-    (at least one ray)."""
+    """Rays per pass: `render.chunk_rays`, or fewer so that a pass fits `render.max_memory_mb` and, on a
+    CPU, `CPU_PASS_MB` (at least one ray)."""
     budget_mb = budget_mb_of(render, device)
+    if device.type == "cpu":
+        budget_mb = min(budget_mb, CPU_PASS_MB)
     fitting = int(budget_mb * 2**20 // bytes_per_ray(net, render.n_samples, num_source_views))
     return max(1, min(render.chunk_rays, fitting))
 

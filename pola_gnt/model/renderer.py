@@ -54,6 +54,7 @@ def render_rays(
     workers: int = 1,
     cancelled: Callable[[], bool] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    peak_weights: list[Tensor] | None = None,
 ) -> tuple[Float[Tensor, "rays 3"], Float[Tensor, " rays"]]:
     """Colour `[rays, 3]` (clipped) and depth `[rays]` with deterministic samples, `chunk_rays` at a time.
 
@@ -61,13 +62,15 @@ def render_rays(
     time on all of them: the network's many small operations share two threads badly (a 2-core CPU
     rendered 1.2-1.25x faster so, `render_workers`). Each chunk is computed as it would be alone, so the
     pixels do not depend on `workers`. `cancelled()` is asked before each chunk (RenderCancelled);
-    `progress(rays done, rays in all)` is told after each chunk, in order."""
+    `progress(rays done, rays in all)` is told after each chunk, in order. `peak_weights`, when given,
+    gets each chunk's largest read-out weight per ray `[rays]` appended, in order (a confidence of the
+    depth: `apps/export`)."""
     # The fast network's feature maps projected once, before the workers share them.
     projected = model.project(sources) if isinstance(model, FastRenderNetwork) else None
     starts = range(0, len(rays), chunk_rays)
     autocast = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
 
-    def render_chunk(start: int) -> tuple[Tensor, Tensor]:
+    def render_chunk(start: int) -> tuple[Tensor, Tensor, Tensor]:
         # Inference mode and autocast are per thread: a worker takes the caller's.
         with torch.inference_mode(), torch.autocast("cpu", dtype=autocast[1], enabled=autocast[0]):
             chunk = rays[start : start + chunk_rays]
@@ -76,13 +79,15 @@ def render_rays(
                 output = model(chunk, depths, projected)
             else:
                 output = model(chunk, depths, sources)
-            return output.rgb.float().clamp(0.0, 1.0), output.depth.float()
+            return output.rgb.float().clamp(0.0, 1.0), output.depth.float(), output.weights.float().amax(dim=-1)
 
     colours, depths = [], []
 
-    def collect(start: int, result: tuple[Tensor, Tensor]) -> None:
+    def collect(start: int, result: tuple[Tensor, Tensor, Tensor]) -> None:
         colours.append(result[0])
         depths.append(result[1])
+        if peak_weights is not None:
+            peak_weights.append(result[2])
         if progress is not None:
             progress(min(start + chunk_rays, len(rays)), len(rays))
 

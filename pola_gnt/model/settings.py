@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from pola_gnt.attention.registry import RAY_ATTENTIONS, VIEW_ATTENTIONS
 from pola_gnt.core.errors import UserError, check_choice, check_int, check_number
 
+# `render.precision`: what `pola_gnt.model.inference.resolve_render_precision` resolves.
+PRECISIONS = ("auto", "fp32", "bf16")
+
 # `model.net.compat`: "none" is this project's network; "gnt" reproduces the forward of GNT's official
 # code exactly, for its converted checkpoints (`python -m pola_gnt.convert_gnt`; see `model.gnt`).
 COMPAT_MODES = ("none", "gnt")
@@ -69,7 +72,10 @@ class NetSettings:
     n_freqs: int
     ray_lepe: bool
     dropout: float  # GNT's dropout rate in the transformer blocks while training (model.transformer)
-    encoder_input_scale: float  # the encoder sees the sources at this fraction of their size
+    encoder_input_scale: float  # the encoder sees the sources at this fraction of their (working) size
+    # each source image's own work (the encoder's input, the prior's blur pyramid and features) on the image
+    # area-reduced by the whole factor that brings its longer side nearest this size (0: at its own size)
+    working_size: int
     readout_consistency_prior: float
     # the learned pooling scores bounded to (-this, this) by a tanh (0: unbounded; PooledReadout)
     readout_score_bound: float
@@ -89,6 +95,13 @@ class NetSettings:
     compat: str  # one of COMPAT_MODES
     encoder: EncoderSettings
 
+    def working_factor(self, height: int, width: int) -> int:
+        """The whole factor by which a source image of `height` x `width` is reduced for its own work
+        (`working_size`): the one whose reduced longer side is nearest `working_size`, at least 1."""
+        if not self.working_size:
+            return 1
+        return max(1, round(max(height, width) / self.working_size))
+
     @property
     def gnt_compatible(self) -> bool:
         """The forward of GNT's official code (`compat: gnt`), not this project's."""
@@ -107,6 +120,7 @@ class NetSettings:
         check_int(self.n_freqs, f"{key}.n_freqs", minimum=0)
         check_number(self.dropout, f"{key}.dropout", 0, 1, low_open=False, high_open=True)
         check_number(self.encoder_input_scale, f"{key}.encoder_input_scale", 0, 1)
+        check_int(self.working_size, f"{key}.working_size", minimum=0, why="0: the images' own size")
         check_number(self.readout_consistency_prior, f"{key}.readout_consistency_prior", 0, None, low_open=False)
         check_number(self.readout_score_bound, f"{key}.readout_score_bound", 0, None, low_open=False)
         check_int(self.readout_consistency_levels, f"{key}.readout_consistency_levels", 1, 6)
@@ -194,8 +208,6 @@ class RenderSettings:
     workers: int | None  # chunks rendered at once on a CPU, one thread each; None: by threads and memory
 
     def check(self, key: str) -> None:
-        from pola_gnt.model.inference import PRECISIONS  # it imports the network, which takes these settings
-
         check_int(self.n_samples, f"{key}.n_samples", minimum=2, why="samples per ray")
         check_int(self.chunk_rays, f"{key}.chunk_rays")
         if self.max_memory_mb is not None:

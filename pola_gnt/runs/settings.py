@@ -166,17 +166,87 @@ class ViewSettings:
     port: int  # 0: any free port
     preview_rays: int  # the first image after a camera move has at most this many rays
     height: int | None  # the full-resolution image's height; None: the scene's
+    point_cloud: str | None  # a PLY file shown in the page (toggled there); None: the live cloud only
 
     def check(self, key: str) -> None:
         check_int(self.port, f"{key}.port", minimum=0, maximum=65535, why="0: any free port")
         check_int(self.preview_rays, f"{key}.preview_rays")
         if self.height is not None:
             check_int(self.height, f"{key}.height", why="pixels")
+        if self.point_cloud is not None and not self.point_cloud.endswith(".ply"):
+            raise UserError(f"{key}.point_cloud: must be null or a FILE.ply, got {self.point_cloud!r}")
+
+
+# `python -m pola_gnt.export`: what it writes, and the camera sets it renders.
+EXPORT_OUTPUTS = ("pointcloud", "mesh", "depth", "cameras")
+EXPORT_CAMERAS = ("train", "test", "spiral")
+EXPORT_CONFIDENCES = ("peak", "agreement", "both")
+MESH_FORMATS = ("ply", "obj")
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """`python -m pola_gnt.export`: geometry out of a checkpoint (point cloud, mesh, depth, cameras)."""
+
+    outputs: tuple[str, ...]  # any of EXPORT_OUTPUTS
+    cameras: str  # the rendered camera set: train | test | spiral
+    views: int | None  # at most this many of the set, evenly spaced (spiral: its frames); None: all (video.frames)
+    scale: float  # render at this fraction of the scene's width and height
+    confidence: str  # peak (the read-out's largest weight) | agreement (the source views') | both (their product)
+    min_confidence: float  # points and depth pixels below it are dropped (0: none)
+    agreement_tolerance: float  # a source view agrees when its colour is within this of the views' median
+    consistent_views: int  # a point is kept where at least this many other rendered views agree (0: off)
+    consistency_tolerance: float  # ... within this fraction of the point's depth
+    voxel_size: float | None  # one point per voxel of this side (the scene's normalised units); None: every point
+    max_points: int  # at most this many points (a seeded random subset)
+    mesh_format: str  # ply | obj
+    mesh_resolution: int  # TSDF voxels along the longest side of the fused points' box
+    mesh_truncation: float  # TSDF truncation, in voxels
+
+    def check(self, key: str) -> None:
+        if not self.outputs:
+            raise UserError(f"{key}.outputs: must name at least one of {', '.join(EXPORT_OUTPUTS)}")
+        for output in self.outputs:
+            check_choice(output, f"{key}.outputs", EXPORT_OUTPUTS)
+        check_choice(self.cameras, f"{key}.cameras", EXPORT_CAMERAS)
+        if self.views is not None:
+            check_int(self.views, f"{key}.views", why="or null: all")
+        check_number(self.scale, f"{key}.scale", 0, 1, why="a fraction of the scene's resolution")
+        check_choice(self.confidence, f"{key}.confidence", EXPORT_CONFIDENCES)
+        check_number(self.min_confidence, f"{key}.min_confidence", 0, 1, low_open=False, why="0: keep all")
+        check_number(self.agreement_tolerance, f"{key}.agreement_tolerance", 0, why="colour in [0, 1]")
+        check_int(self.consistent_views, f"{key}.consistent_views", minimum=0, why="0: no consistency filter")
+        check_number(self.consistency_tolerance, f"{key}.consistency_tolerance", 0, why="a fraction of the depth")
+        if self.voxel_size is not None:
+            check_number(self.voxel_size, f"{key}.voxel_size", 0, why="or null: no voxel grid")
+        check_int(self.max_points, f"{key}.max_points")
+        check_choice(self.mesh_format, f"{key}.mesh_format", MESH_FORMATS)
+        check_int(self.mesh_resolution, f"{key}.mesh_resolution", minimum=8, maximum=1024, why="voxels")
+        check_number(self.mesh_truncation, f"{key}.mesh_truncation", 0, why="voxels")
+
+
+BENCHMARK_MODES = ("zero_shot", "finetune", "per_scene")
+
+
+@dataclass(frozen=True)
+class BenchmarkSettings:
+    """`python -m pola_gnt.benchmark`: LLFF at the published protocol, scene by scene."""
+
+    mode: str  # zero_shot (the checkpoint as is) | finetune (init_from the checkpoint) | per_scene (from scratch)
+    scenes: tuple[str, ...] | None  # the scene folders under data.root to run; None: every LLFF scene found
+    budget_minutes: float | None  # finetune / per_scene: training time per scene; None: the preset's steps
+
+    def check(self, key: str) -> None:
+        check_choice(self.mode, f"{key}.mode", BENCHMARK_MODES)
+        if self.scenes is not None and (not self.scenes or len(set(self.scenes)) < len(self.scenes)):
+            raise UserError(f"{key}.scenes: must be null or a list of different scene names, got {list(self.scenes)}")
+        if self.budget_minutes is not None:
+            check_number(self.budget_minutes, f"{key}.budget_minutes", 0, why="minutes of training per scene")
 
 
 @dataclass(frozen=True)
 class RunSettings:
-    """`conf/config.yaml`, checked: the run of train / eval / render_video / analyze / check_scene."""
+    """`conf/config.yaml`, checked: the run of train / eval / render_video / analyze / check_scene / benchmark."""
 
     seed: int
     ckpt_path: str | None
@@ -193,6 +263,8 @@ class RunSettings:
     analyze: AnalyzeSettings
     video: VideoSettings
     view: ViewSettings
+    benchmark: BenchmarkSettings
+    export: ExportSettings
 
     def check(self, key: str) -> None:
         """The keys are bare: this is the whole of conf/config.yaml (`key` is empty)."""

@@ -19,14 +19,17 @@ from pola_gnt.data.scene import Scene
 from pola_gnt.data.scene_loading import exact_depth_source
 from pola_gnt.evaluation.image_metrics import LOGGED_MIN_MSE, mse_to_psnr
 from pola_gnt.evaluation.scoring import (
+    ProtocolResults,
     ViewResult,
     ViewScorer,
     build_image_metrics,
-    format_table,
+    format_tables,
     protocol_stride,
+    render_stride,
     write_results,
 )
 from pola_gnt.model.backbone import AlexNetEncoder
+from pola_gnt.model.consistency_prior import PriorImageCache, working_images
 from pola_gnt.model.feature_cache import FrozenFeatureCache
 from pola_gnt.model.gnt import GNT, RayOutput, SourceViews
 from pola_gnt.model.inference import (
@@ -35,7 +38,7 @@ from pola_gnt.model.inference import (
     render_network,
     resolve_render_precision,
 )
-from pola_gnt.model.render_memory import render_workers
+from pola_gnt.model.render_memory import budget_chunk_rays, render_workers
 from pola_gnt.model.renderer import render_image
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.checkpoints import (
@@ -72,7 +75,9 @@ class GNTSystem(pl.LightningModule):
         if settings.model.compile:
             # In place: the parameter names, and so the checkpoints, stay those of the eager network.
             self.net.compile(dynamic=True)
-        self.test_results: list[ViewResult] = []
+        # The scored test views of each protocol (`metrics.protocol` first, then `metrics.extra_protocols`).
+        self.test_results: dict[str, list[ViewResult]] = {}
+        self.scorers: dict[str, ViewScorer] = {}
         self.test_document: dict | None = None
         # The test phase renders the held-out views of `scene` and writes into `output_dir`
         # (`prepare_test`, by the command that tests: `train`, `eval`).
@@ -88,6 +93,7 @@ class GNTSystem(pl.LightningModule):
         self.training_scenes: list[str] = [settings.scene.name]
         self.init_from: dict | None = None
         self._rendering: GNT | FastRenderNetwork | None = None  # rendering_network's, for one test phase
+        self._prior_images = PriorImageCache()  # the test phase's (`test_step`)
 
     def rendering_network(self, device: torch.device) -> GNT | FastRenderNetwork:
         """What renders full images (test views, videos, the viewer) at `render.precision` on `device`:
@@ -124,8 +130,9 @@ class GNTSystem(pl.LightningModule):
         features = cache.encode(self.net, sources.images, sources.image_keys)
         views = SourceViews(images=sources.images, features=features, c2w=sources.c2w, intrinsics=sources.intrinsics)
         if self.net.consistency_features is not None:
-            maps = cache.consistency_maps(self.net, sources.images, sources.image_keys)
-            views.keep_consistency_maps(self.net.consistency_features, maps)
+            factor = self.net.working_factor(sources.images)
+            maps = cache.consistency_maps(self.net, working_images(sources.images, factor), sources.image_keys)
+            views.keep_consistency_maps(self.net.consistency_features, maps, factor)
         return views
 
     def on_train_start(self) -> None:
@@ -213,49 +220,64 @@ class GNTSystem(pl.LightningModule):
 
     def on_test_epoch_start(self) -> None:
         scene = self._test_scene()
-        self.scorer = ViewScorer(
-            scene,
-            build_image_metrics(self.settings.metrics),
-            self.settings.metrics.protocol,
-            exact_depth=exact_depth_source(self.settings.scene, scene),
-        )
-        self.test_results = []
+        metrics = self.settings.metrics
+        exact_depth = exact_depth_source(self.settings.scene, scene)
+        self.scorers = {
+            protocol: ViewScorer(
+                scene, build_image_metrics(metrics.for_protocol(protocol)), protocol, exact_depth=exact_depth
+            )
+            for protocol in metrics.protocols
+        }
+        self.test_results = {protocol: [] for protocol in metrics.protocols}
         self.test_started = time.perf_counter()
         self._rendering = self.rendering_network(self.device)
+        self._prior_images = PriorImageCache()  # by the scene's view: what the prior computes of its image
 
     def test_step(self, batch: ViewBatch, batch_idx: int) -> None:
         scene = self._test_scene()
         settings = self.settings
         height, width = scene.resolution
         network = self._rendering or self.net
+        views = settings.data.num_source_views
+        chunk_rays = budget_chunk_rays(settings.render, settings.model.net, views, self.device)
+        sources = network.source_views(batch.sources.images, batch.sources.c2w, batch.sources.intrinsics)
+        # The read-out prior's part of each source image, once per test phase (the test views share sources).
+        images = batch.sources.images
+        prior = [
+            self._prior_images.get(int(view), lambda i=i: network.prior_image(images[i : i + 1]))
+            for i, view in enumerate(batch.sources.ids)
+        ]
+        sources.keep_prior_images(network, prior)
         rendered = render_image(
             network,
             batch.c2w,
             batch.intrinsics,
             height,
             width,
-            network.source_views(batch.sources.images, batch.sources.c2w, batch.sources.intrinsics),
+            sources,
             scene.depth_range,
             self.sampler,
-            settings.render.chunk_rays,
-            stride=protocol_stride(settings.metrics.protocol),
-            workers=render_workers(
-                settings.render,
-                settings.model.net,
-                settings.data.num_source_views,
-                settings.render.chunk_rays,
-                self.device,
-            ),
+            chunk_rays,
+            stride=render_stride(settings.metrics.protocols),
+            workers=render_workers(settings.render, settings.model.net, views, chunk_rays, self.device),
         )
-        self.test_results.append(self.scorer(batch.view, rendered.rgb, rendered.depth, settings.output.save_images))
+        # One render scored by every protocol: each takes its own pixels of it (every 2nd for GNT's), the
+        # first protocol's views are the ones kept for the PNGs.
+        rendered_stride = render_stride(settings.metrics.protocols)
+        for protocol, scorer in self.scorers.items():
+            step = scorer.stride // rendered_stride
+            rgb, depth = rendered.rgb[::step, ::step], rendered.depth[::step, ::step]
+            keep = settings.output.save_images and protocol == settings.metrics.protocol
+            self.test_results[protocol].append(scorer(batch.view, rgb, depth, keep))
 
     def on_test_epoch_end(self) -> None:
         self._rendering = None
-        results = self.test_results
+        self._prior_images = PriorImageCache()
+        by_protocol = self.test_results
         if self.trainer.world_size > 1:
-            gathered: list[list[ViewResult]] = [[] for _ in range(self.trainer.world_size)]
-            dist.all_gather_object(gathered, results)
-            results = [r for part in gathered for r in part]
+            gathered: list[dict[str, list[ViewResult]]] = [{} for _ in range(self.trainer.world_size)]
+            dist.all_gather_object(gathered, by_protocol)
+            by_protocol = {protocol: [r for part in gathered for r in part[protocol]] for protocol in by_protocol}
         if not self.trainer.is_global_zero:
             return
         test_time_s = time.perf_counter() - self.test_started  # rendering and scoring the test views
@@ -263,19 +285,18 @@ class GNTSystem(pl.LightningModule):
         if self.output_dir is None:
             raise RuntimeError("GNTSystem.prepare_test: set the folder for metrics.json before trainer.test")
         settings = self.settings
-        stride = protocol_stride(settings.metrics.protocol)
         global_step = max(int(self.global_step), self.checkpoint_step)
         trained_under, budget, training = self.training_summary(global_step)
-        height, width = scene.resolution
+        primary, *extra_protocols = settings.metrics.protocols
+        protocol_header = self._protocol_header(primary)
+        metric_settings = protocol_header.pop("metric_settings")  # after `factor`, where it always stood
         header = {
             "scene": settings.scene.name,
             "model": settings.model.name,
             "split": "test",
-            "protocol": settings.metrics.protocol,
-            "lpips_net": settings.metrics.lpips_net,
-            "resolution": [len(range(0, height, stride)), len(range(0, width, stride))],
+            **protocol_header,
             "factor": scene.factor,
-            "metric_settings": self.scorer.metrics.settings,
+            "metric_settings": metric_settings,
             "n_samples": settings.render.n_samples,
             "num_source_views": settings.data.num_source_views,
             "global_step": global_step,
@@ -285,7 +306,20 @@ class GNTSystem(pl.LightningModule):
             "test_time_s": test_time_s,
             **self.training_record(),
         }
+        extra = [ProtocolResults(self._protocol_header(p), by_protocol[p]) for p in extra_protocols]
         self.test_document = write_results(
-            self.output_dir, header, results, scene.depth_range, settings.output.save_images
+            self.output_dir, header, by_protocol[primary], scene.depth_range, settings.output.save_images, extra
         )
-        print(format_table(self.test_document), flush=True)
+        print(format_tables(self.test_document), flush=True)
+
+    def _protocol_header(self, protocol: str) -> dict:
+        """The keys of metrics.json's header that `protocol` decides: its name, LPIPS network, the scored
+        pixels' resolution and how the metrics were computed."""
+        height, width = self._test_scene().resolution
+        stride = protocol_stride(protocol)
+        return {
+            "protocol": protocol,
+            "lpips_net": self.settings.metrics.for_protocol(protocol).lpips_net,
+            "resolution": [len(range(0, height, stride)), len(range(0, width, stride))],
+            "metric_settings": self.scorers[protocol].metrics.settings,
+        }

@@ -325,6 +325,105 @@ void view_forward_impl(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 
 #if defined(__AVX2__) && defined(__FMA__)
 // ------------------------------------------------------------------------------------------------
+// The bf16 inference form of the view attention for the presets' 4 heads (C = 32 channels of D = 8,
+// or 64 of 16) with AVX2 intrinsics, a whole point at a time: a view's 8 weights (4 heads x 2 streams)
+// come out of one transposing reduction of the heads' product vectors (`lane_sums_8`: 8 vectors to one),
+// and each head's values are weighted by one permutation of them. The per-head form below reduces
+// 4 views of one head at a time and computes the query's features a head at a time; this one is 2.3x it
+// on fern's 8 views (docs/benchmarks.md). The same function as `view_forward_impl` (the same polynomial,
+// clamp and epsilon); only the order of float additions differs.
+template <int C>
+void view_forward_bf16_heads4_avx2(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const ChannelTemperatures<float>& temps, const c10::BFloat16* vis_ptr,
+                                   at::Tensor& out) {
+  static_assert(C == 32 || C == 64, "4 heads of 8 or 16 channels");
+  constexpr int n = C / 8;        // 8-float vectors per point
+  constexpr int per_head = n / 4;  // vectors per head: 1 or 2
+  const int64_t points = q.size(0), views = k.size(1);
+  const auto* q_ptr = q.data_ptr<c10::BFloat16>();
+  const auto* k_ptr = k.data_ptr<c10::BFloat16>();
+  const auto* v_ptr = v.data_ptr<c10::BFloat16>();
+  auto* out_ptr = out.data_ptr<c10::BFloat16>();
+  const int64_t q_point = q.stride(0), k_point = k.stride(0), k_view = k.stride(1), v_point = v.stride(0),
+                v_view = v.stride(1);
+  const float clamp = static_cast<float>(kExponentClamp);
+  const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+  // Per head h, the lanes of [w_same 0-3 | w_opp 0-3] that its value vector takes: for D = 8 the first
+  // 4 channels the same-sign weight, the last 4 the opposite-sign one; for D = 16 a whole vector each.
+  __m256i pick[4][2];
+  for (int h = 0; h < 4; ++h) {
+    if constexpr (per_head == 1) {
+      pick[h][0] = _mm256_setr_epi32(h, h, h, h, 4 + h, 4 + h, 4 + h, 4 + h);
+    } else {
+      pick[h][0] = _mm256_set1_epi32(h);
+      pick[h][1] = _mm256_set1_epi32(4 + h);
+    }
+  }
+  parallel_blocks(blocks_of(points, kPointsPerBlock), [&](int64_t first, int64_t last) {
+    __m256 weights[kMaxViews];  // per view: [w_same of heads 0-3, w_opp of heads 0-3], visibility applied
+    for (int64_t p = first * kPointsPerBlock; p < std::min(points, last * kPointsPerBlock); ++p) {
+      __m256 fs[n], fo[n], pos[n];
+      for (int t = 0; t < n; ++t) {
+        const int c = 8 * t;
+        const __m256 x = pola_gnt_math::load_bf16x8(q_ptr + p * q_point + c);
+        pos[t] = _mm256_cmp_ps(x, zero, _CMP_GT_OQ);
+        const __m256 mag = pola_gnt_math::abs_x8(x);
+        const __m256 ts = _mm256_blendv_ps(_mm256_loadu_ps(temps.same_neg.data() + c),
+                                           _mm256_loadu_ps(temps.same_pos.data() + c), pos[t]);
+        const __m256 to = _mm256_blendv_ps(_mm256_loadu_ps(temps.opp_neg.data() + c),
+                                           _mm256_loadu_ps(temps.opp_pos.data() + c), pos[t]);
+        fs[t] = pola_gnt_math::expm1_clamped_x8(_mm256_mul_ps(ts, mag), clamp);
+        fo[t] = pola_gnt_math::expm1_clamped_x8(_mm256_mul_ps(to, mag), clamp);
+      }
+      __m256 den = _mm256_set1_ps(static_cast<float>(kEpsilon));
+      for (int64_t j = 0; j < views; ++j) {
+        const c10::BFloat16* kj = k_ptr + p * k_point + j * k_view;
+        __m256 terms[8];  // terms[h]: head h's same-sign products, terms[4 + h]: its opposite-sign ones
+        for (int h = 0; h < 4; ++h) {
+          terms[h] = zero;
+          terms[4 + h] = zero;
+          for (int u = 0; u < per_head; ++u) {
+            const int t = h * per_head + u;
+            const __m256 x = pola_gnt_math::load_bf16x8(kj + 8 * t);
+            const __m256 feature = pola_gnt_math::expm1_clamped_x8(pola_gnt_math::abs_x8(x), clamp);
+            // same sign as the query: (k > 0) == (q > 0); a zero k or q has a zero feature either way
+            const __m256 same = _mm256_xor_ps(_mm256_cmp_ps(x, zero, _CMP_LE_OQ), pos[t]);
+            terms[h] = _mm256_fmadd_ps(_mm256_and_ps(same, fs[t]), feature, terms[h]);
+            terms[4 + h] = _mm256_fmadd_ps(_mm256_andnot_ps(same, fo[t]), feature, terms[4 + h]);
+          }
+        }
+        __m256 w = pola_gnt_math::lane_sums_8(terms);
+        if (vis_ptr) w = _mm256_mul_ps(w, _mm256_set1_ps(to_compute(vis_ptr[p * views + j])));
+        weights[j] = w;
+        den = _mm256_add_ps(den, w);
+      }
+      const __m256 inv = _mm256_div_ps(one, den);
+      __m256 num[n];
+      for (int t = 0; t < n; ++t) num[t] = zero;
+      for (int64_t j = 0; j < views; ++j) {
+        const c10::BFloat16* vj = v_ptr + p * v_point + j * v_view;
+        for (int h = 0; h < 4; ++h) {
+          for (int u = 0; u < per_head; ++u) {
+            const int t = h * per_head + u;
+            const __m256 w = _mm256_permutevar8x32_ps(weights[j], pick[h][u]);
+            num[t] = _mm256_fmadd_ps(w, pola_gnt_math::load_bf16x8(vj + 8 * t), num[t]);
+          }
+        }
+      }
+      c10::BFloat16* o = out_ptr + p * C;
+      for (int h = 0; h < 4; ++h) {
+        for (int u = 0; u < per_head; ++u) {
+          const int t = h * per_head + u;
+          pola_gnt_math::store_bf16x8(o + 8 * t, _mm256_mul_ps(num[t], _mm256_permutevar8x32_ps(inv, pick[h][u])));
+        }
+      }
+    }
+  });
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+// ------------------------------------------------------------------------------------------------
 // The bf16 inference form of the view attention with AVX2 intrinsics, for head dims that are a multiple
 // of 8 (one or more 8-float vectors per head row). The generic loop above leaves each view's two weights
 // as scalar horizontal sums and converts bf16 through buffers; here a point's head reads bf16 straight
@@ -660,6 +759,20 @@ at::Tensor view_forward(const at::Tensor& q, const at::Tensor& k, const at::Tens
   check_view(q, k, v, temp_same, temp_opp, visible, /*allow_bf16=*/true);
   at::Tensor out = at::empty(q.sizes(), q.options());
   if (q.scalar_type() == at::kBFloat16) {
+#if defined(__AVX2__) && defined(__FMA__)
+    const int64_t width = q.size(1) * q.size(2);
+    if (q.size(1) == 4 && (width == 32 || width == 64)) {
+      const ChannelTemperatures<float> temps(temp_same.data_ptr<float>(), temp_opp.data_ptr<float>(), q.size(1),
+                                             q.size(2));
+      const auto* visible_data = optional_data<c10::BFloat16>(visible);
+      if (width == 32) {
+        view_forward_bf16_heads4_avx2<32>(q, k, v, temps, visible_data, out);
+      } else {
+        view_forward_bf16_heads4_avx2<64>(q, k, v, temps, visible_data, out);
+      }
+      return out;
+    }
+#endif
     dispatch_head_dim(q.size(2), [&](auto D) {
       constexpr int d = decltype(D)::value;
 #if defined(__AVX2__) && defined(__FMA__)

@@ -409,9 +409,10 @@ def _key_grad_kernel(
 
 
 class _Config:
-    """Block sizes, warps and split counts for one call (head dim `d`, flattened batch `b`)."""
+    """Block sizes, warps and split counts for one call (head dim `d`, flattened batch `b`), for a GPU
+    of `multiprocessors` SMs (None: the interpreter)."""
 
-    def __init__(self, head_dim: int, batch: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, head_dim: int, batch: int, dtype: torch.dtype, multiprocessors: int | None):
         self.head_dim = head_dim
         self.block_d = max(MIN_BLOCK, triton.next_power_of_2(head_dim))
         self.block_h = max(MIN_BLOCK, triton.next_power_of_2(head_dim // 2))
@@ -421,23 +422,27 @@ class _Config:
         # fp32 inputs: exact fp32 products. Half inputs carry ~3 digits anyway: TF32 tensor cores.
         self.dot_precision = "ieee" if dtype == torch.float32 else "tf32"
         self.batch = batch
-        self.device = device
+        self.multiprocessors = multiprocessors
 
     def splits(self, num_blocks: int, programs_per_split: int) -> tuple[int, int]:
         """(splits, blocks per split) for a reduction over `num_blocks` row blocks.
 
-        On CUDA: enough programs to fill the GPU a few times over, each reducing a contiguous run of
+        On a GPU: enough programs to fill its SMs 4 times over, each reducing a contiguous run of
         blocks. In the (serial) interpreter: two splits when possible, so the partial-sum path runs.
         """
         if num_blocks == 0:
             return 1, 0
-        if self.device.type == "cuda":
-            target_programs = 4 * torch.cuda.get_device_properties(self.device).multi_processor_count
-            wanted = max(1, target_programs // max(1, programs_per_split))
+        if self.multiprocessors is not None:
+            wanted = max(1, 4 * self.multiprocessors // max(1, programs_per_split))
         else:
             wanted = 2
         blocks_per_split = triton.cdiv(num_blocks, min(wanted, num_blocks))
         return triton.cdiv(num_blocks, blocks_per_split), blocks_per_split
+
+
+def device_multiprocessors(device: torch.device) -> int | None:
+    """The SM count of a CUDA `device`, None elsewhere (the interpreter)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -446,12 +451,15 @@ class _Config:
 
 class _PolarityAttentionTriton(torch.autograd.Function):
     """Inputs flattened to one batch*head axis `b`: q `[b, Nq, d]`, k and v `[b, Nk, d]`,
-    temps `[b, 2 streams, 2d]` fp32, mask `[b, Nk]` uint8 or None. Returns `[b, Nq, d]`."""
+    temps `[b, 2 streams, 2d]` fp32, mask `[b, Nk]` uint8 or None; the SM count the split reductions
+    fill (None: two splits). Returns `[b, Nq, d]`."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, temps: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(
+        ctx, q: Tensor, k: Tensor, v: Tensor, temps: Tensor, mask: Tensor | None, multiprocessors: int | None
+    ) -> Tensor:
         batch, num_queries, head_dim = q.shape
-        tiling = _Config(head_dim, batch, q.dtype, q.device)
+        tiling = _Config(head_dim, batch, q.dtype, multiprocessors)
         kv, ksum = _key_state(k, v, mask, tiling)
         out = torch.empty_like(q)
         den = torch.empty(batch, 2, num_queries, device=q.device, dtype=torch.float32)
@@ -475,7 +483,7 @@ class _PolarityAttentionTriton(torch.autograd.Function):
         batch, num_queries, head_dim = q.shape
         num_keys = k.shape[1]
         grad_out = grad_out.contiguous()
-        need_q, need_k, need_v, need_temps, _ = ctx.needs_input_grad
+        need_q, need_k, need_v, need_temps, _, _ = ctx.needs_input_grad
         grad_q = grad_k = grad_v = grad_temps = None
         query_blocks = triton.cdiv(num_queries, tiling.block_rows)
         options = dict(
@@ -525,7 +533,7 @@ class _PolarityAttentionTriton(torch.autograd.Function):
                     num_warps=tiling.num_warps,
                 )  # fmt: skip
 
-        return grad_q, grad_k, grad_v, grad_temps, None
+        return grad_q, grad_k, grad_v, grad_temps, None, None
 
 
 def _mask_or_dummy(mask: Tensor | None, like: Tensor) -> Tensor:
@@ -559,6 +567,8 @@ def polarity_attention_triton(
     temp_same: Tensor,
     temp_opp: Tensor,
     key_mask: Tensor | None = None,
+    *,
+    multiprocessors: int | None = None,
 ) -> Tensor:
     """Linear-form polarity attention with fused Triton kernels (forward and backward).
 
@@ -567,6 +577,9 @@ def polarity_attention_triton(
         k, v: `[..., Nk, d]` keys and values (batch dims broadcast with those of q).
         temp_same, temp_opp: temperatures in (0, 1], broadcastable to `[..., 1, 2d]`.
         key_mask: bool `[..., Nk]` (True = key may be attended) or None.
+        multiprocessors: the SM count whose programs the key and query reductions are split over
+            (4 per SM); default: the CUDA device's, and two splits elsewhere (the interpreter). The
+            tests set a GPU's count to run its split reductions in the interpreter.
 
     Returns:
         `[..., Nq, d]` in q's dtype; differentiable w.r.t. q, k, v and both temperatures.
@@ -600,7 +613,9 @@ def polarity_attention_triton(
     if key_mask is not None:
         mask = key_mask.expand(*batch_shape, num_keys).reshape(batch, num_keys).to(torch.uint8).contiguous()
 
+    if multiprocessors is None:
+        multiprocessors = device_multiprocessors(q.device)
     out = _PolarityAttentionTriton.apply(
-        flatten(q, num_queries), flatten(k, num_keys), flatten(v, num_keys), temps.contiguous(), mask
+        flatten(q, num_queries), flatten(k, num_keys), flatten(v, num_keys), temps.contiguous(), mask, multiprocessors
     )
     return out.reshape(*batch_shape, num_queries, head_dim)

@@ -34,15 +34,17 @@ import triton.language as tl
 from torch import Tensor
 
 from pola_gnt.attention.features import EPSILON, EXPONENT_CLAMP
-from pola_gnt.attention.triton_common import SUPPORTED_DTYPES, expm1, launch, on_kernel_device
+from pola_gnt.attention.triton_common import SUPPORTED_DTYPES, expm1, interpreting, launch, on_kernel_device
 
 # This kernel's own head-dim limit (the linear and ray kernels': `triton_common.MAX_HEAD_DIM`).
 MAX_HEAD_DIM = 64
 
-# Points x channels per program: ~1024 fp32 values per live tile (8 registers a thread at 4 warps)
-# keeps the backward's dozen live tiles in registers. The interpreter runs each program's tile ops as
+# Points x channels per program: 1024 fp32 values per live tile in the forward (8 registers a thread
+# at 4 warps), 512 in the backward, whose dozen live tiles took 140-186 registers at 1024 and spilled
+# in some dtypes (docs/benchmarks.md, the AOT table). The interpreter runs each program's tile ops as
 # numpy calls, so its blocks only need to be small enough that the tests cover several programs.
-_TILE_ELEMENTS = 1024
+_FORWARD_TILE_ELEMENTS = 1024
+_BACKWARD_TILE_ELEMENTS = 512
 _INTERPRETER_BLOCK_POINTS = 16
 _NUM_WARPS = 4
 
@@ -356,10 +358,10 @@ def _view_backward_kernel(
 # Autograd function
 
 
-def _block_sizes(head_dim: int, device: torch.device) -> tuple[int, int]:
-    """(points per program, channel block) for head dim `head_dim`."""
+def _block_sizes(head_dim: int, tile_elements: int) -> tuple[int, int]:
+    """(points per program, channel block) for head dim `head_dim`: compiled (a GPU), or interpreted."""
     block_d = triton.next_power_of_2(head_dim)
-    block_p = _TILE_ELEMENTS // block_d if device.type == "cuda" else _INTERPRETER_BLOCK_POINTS
+    block_p = _INTERPRETER_BLOCK_POINTS if interpreting() else max(1, tile_elements // block_d)
     return block_p, block_d
 
 
@@ -374,7 +376,7 @@ class _PolarityViewAttentionTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, temp_same: Tensor, temp_opp: Tensor, visible: Tensor | None):
         points, views, heads, head_dim = k.shape
-        block_p, block_d = _block_sizes(head_dim, q.device)
+        block_p, block_d = _block_sizes(head_dim, _FORWARD_TILE_ELEMENTS)
         out = torch.empty(points, heads, head_dim, device=q.device, dtype=q.dtype)
         if points * heads > 0:
             launch(_view_forward_kernel, (triton.cdiv(points, block_p), heads),
@@ -392,7 +394,7 @@ class _PolarityViewAttentionTriton(torch.autograd.Function):
         (grad_out,) = grad_outputs
         q, k, v, temp_same, temp_opp, visible = ctx.saved_tensors
         points, views, heads, head_dim = k.shape
-        block_p, block_d = _block_sizes(head_dim, q.device)
+        block_p, block_d = _block_sizes(head_dim, _BACKWARD_TILE_ELEMENTS)
         blocks = triton.cdiv(points, block_p)
         grad_out = grad_out.contiguous()
         grad_q = torch.empty(points, heads, head_dim, device=q.device, dtype=q.dtype)

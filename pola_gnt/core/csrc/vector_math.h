@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -59,6 +60,23 @@ inline float exp_nonpositive(float x) {
   p = p * r + 1.0f;
   p = p * r + 1.0f;
   return std::bit_cast<float>((n + 127) << 23) * p;
+}
+
+// acos(x) for x in [-1, 1] in a form the compiler vectorises: Abramowitz and Stegun 4.4.46,
+// sqrt(1 - |x|) times a degree-7 polynomial of |x| (absolute error at most 2e-8 in exact arithmetic;
+// float's own rounding of 1 - |x| and the product stays within a few ulps), reflected for x < 0.
+inline float arccos(float x) {
+  const float a = std::abs(x);
+  float p = -0.0012624911f;
+  p = p * a + 0.0066700901f;
+  p = p * a - 0.0170881256f;
+  p = p * a + 0.0308918810f;
+  p = p * a - 0.0501743046f;
+  p = p * a + 0.0889789874f;
+  p = p * a - 0.2145988016f;
+  p = p * a + 1.5707963050f;
+  const float r = std::sqrt(1.0f - a) * p;
+  return x < 0.0f ? 3.14159265358979f - r : r;
 }
 
 // bf16 to float: exact (bf16 is float's upper half).

@@ -7,15 +7,15 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from pola_gnt.evaluation.study.published import FINE_TUNED, LLFF_SCENES, PER_SCENE, REPORT_REFERENCES, ZERO_SHOT
+
 METRICS = ("psnr", "ssim", "lpips")
 METRIC_TITLES = {"psnr": "PSNR (dB) ↑", "ssim": "SSIM ↑", "lpips": "LPIPS ↓"}
-LLFF_SCENES = ("fern", "flower", "fortress", "horns", "leaves", "orchids", "room", "trex")
 MODEL_ORDER = ("gnt", "pola_gnt")
 METRICS_FILE = "metrics.json"
 PAIR = ("pola_gnt", "gnt")  # the study's difference: first minus second
 CONFIDENCE = 0.95
 UNKNOWN_CONDITION = "budget n/a"
-ZERO_SHOT, FINE_TUNED, PER_SCENE = "zero-shot", "fine-tuned", "per-scene"
 MODES = (ZERO_SHOT, FINE_TUNED, PER_SCENE)  # also the report's order: least training on the scene first
 MODEL_COMPARISON = f"{PAIR[0]} - {PAIR[1]}"  # report_study.csv "comparison" of a PAIR difference
 SCRATCH_PAIR = (FINE_TUNED, PER_SCENE)  # the second difference: fine-tuned minus trained from scratch
@@ -34,12 +34,11 @@ class Reference:
     lpips_net: str = "vgg"
 
 
-# All three use GNT's evaluation (every 2nd pixel at factor 4, LPIPS-VGG on [0, 1] inputs): only our
-# rows with protocol=gnt and LPIPS-VGG, on all eight scenes, are comparable with them.
-REFERENCES = (
-    Reference("GNT (paper, commonly quoted)", 27.24, 0.889, 0.093),
-    Reference("GNT (reproduction)", 27.25, 0.8868, 0.1019),
-    Reference("Pola-GNT (reproduction)", 27.34, 0.8885, 0.1009),
+# The single-scene figures of `published` (their sources there). All three use GNT's evaluation (every
+# 2nd pixel at factor 4, LPIPS-VGG on [0, 1] inputs): only our rows with protocol=gnt and LPIPS-VGG, on
+# all eight scenes, are comparable with them.
+REFERENCES = tuple(
+    Reference(f.label, f.mean.psnr, f.mean.ssim, f.mean.lpips, f.protocol, f.lpips_net) for f in REPORT_REFERENCES
 )
 REFERENCE_SCENE = "LLFF 8-scene mean"
 

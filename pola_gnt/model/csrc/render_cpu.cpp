@@ -14,6 +14,12 @@
 //                        over the views) from its keys and values, before its output layer
 //   softmax_ray_attention   GNT's ray attention (softmax over a ray's samples, per head) between its
 //                        projections
+//   sample_geometry     each sample projected into every source view (`geometry.projection.project_points`:
+//                        its grid_sample coordinates and visibility) and GNT's relative directions
+//                        (`relative_directions`), without the [views, points, 3] intermediates
+//   prior_statistics    the read-out's consistency prior per sample (`model/consistency_prior.py`): the
+//                        colours and features read in every view, their spreads over the views and the
+//                        (angle-weighted) mean colour, each point's reads kept in registers
 //
 // Storage is bf16 or float32; arithmetic is float32. bf16 is written rounded to nearest even. Sums along
 // a row are SIMD reductions (`omp simd`: partial sums per lane, as PyTorch's vectorised kernels sum), and
@@ -534,6 +540,352 @@ at::Tensor softmax_ray_attention(const at::Tensor& qkv, const at::Tensor& mask, 
   return out;
 }
 
+// ------------------------------------------------------------------------------------------------
+// sample_geometry(points [P, 3] f32, w2c [V, 4, 4] f32, intrinsics [V, 3, 3] f32, origins [R, 3] f32
+//                 (P = R x samples: each ray's target camera), centers [V, 3] f32, height, width, margin)
+//   -> (grid [V, P, 2] f32, visible [V, P] bool, view_mask [P, V] bool, rel_dirs [P, V, 4] f32)
+// `project_points` then `pixels_to_grid` and `relative_directions` (plain unit vectors: F.normalize's
+// max(|v|, 1e-12)), in float32 with the same formulas; the visibility the same tests on the same pixels.
+
+inline void unit3(float* v) {
+  const float n = std::max(std::sqrt(v[0] * v[0] + v[1] * v[1] + v[2] * v[2]), 1e-12f);
+  v[0] /= n;
+  v[1] /= n;
+  v[2] /= n;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_geometry(
+    const at::Tensor& points, const at::Tensor& w2c, const at::Tensor& intrinsics, const at::Tensor& origins,
+    const at::Tensor& centers, int64_t height, int64_t width, double margin) {
+  for (const auto* t : {&points, &w2c, &intrinsics, &origins, &centers}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous(), "sample_geometry: float32 contiguous tensors");
+  }
+  const int64_t P = points.size(0), V = w2c.size(0), R = origins.size(0);
+  TORCH_CHECK(points.dim() == 2 && points.size(1) == 3 && R > 0 && P % R == 0, "sample_geometry: points [R x S, 3]");
+  TORCH_CHECK(w2c.sizes() == at::IntArrayRef({V, 4, 4}) && intrinsics.sizes() == at::IntArrayRef({V, 3, 3}) &&
+                  centers.sizes() == at::IntArrayRef({V, 3}) && origins.sizes() == at::IntArrayRef({R, 3}),
+              "sample_geometry: w2c [V, 4, 4], intrinsics [V, 3, 3], centers [V, 3], origins [R, 3]");
+  const int64_t S = P / R;
+  at::Tensor grid = at::empty({V, P, 2}, points.options());
+  at::Tensor visible = at::empty({V, P}, points.options().dtype(at::kBool));
+  at::Tensor mask = at::empty({P, V}, points.options().dtype(at::kBool));
+  at::Tensor rel = at::empty({P, V, 4}, points.options());
+  const float* x = points.data_ptr<float>();
+  const float* M = w2c.data_ptr<float>();
+  const float* K = intrinsics.data_ptr<float>();
+  const float* o = origins.data_ptr<float>();
+  const float* c = centers.data_ptr<float>();
+  float* g = grid.data_ptr<float>();
+  bool* vis = visible.data_ptr<bool>();
+  bool* m = mask.data_ptr<bool>();
+  float* r = rel.data_ptr<float>();
+  const float lo = -static_cast<float>(margin);
+  const float hi_u = static_cast<float>(width - 1) + static_cast<float>(margin);
+  const float hi_v = static_cast<float>(height - 1) + static_cast<float>(margin);
+  const float scale_u = static_cast<float>(width - 1), scale_v = static_cast<float>(height - 1);
+  at::parallel_for(0, P, kGrain, [&](int64_t first, int64_t last) {
+    for (int64_t p = first; p < last; ++p) {
+      const float* xp = x + 3 * p;
+      const float* op = o + 3 * (p / S);
+      float to_target[3] = {op[0] - xp[0], op[1] - xp[1], op[2] - xp[2]};
+      unit3(to_target);
+      for (int64_t v = 0; v < V; ++v) {
+        const float* Mv = M + 16 * v;
+        const float* Kv = K + 9 * v;
+        float cam[3];
+        for (int i = 0; i < 3; ++i) cam[i] = Mv[4 * i] * xp[0] + Mv[4 * i + 1] * xp[1] + Mv[4 * i + 2] * xp[2] + Mv[4 * i + 3];
+        float image[3];
+        for (int i = 0; i < 3; ++i) image[i] = Kv[3 * i] * cam[0] + Kv[3 * i + 1] * cam[1] + Kv[3 * i + 2] * cam[2];
+        const float depth = cam[2];
+        const float safe = std::abs(depth) < 1e-8f ? 1e-8f : depth;
+        const float u = image[0] / safe, w = image[1] / safe;
+        const bool seen = depth > 1e-6f && u >= lo && u <= hi_u && w >= lo && w <= hi_v;
+        vis[v * P + p] = seen;
+        m[p * V + v] = seen;
+        g[2 * (v * P + p)] = 2.0f * u / scale_u - 1.0f;
+        g[2 * (v * P + p) + 1] = 2.0f * w / scale_v - 1.0f;
+        const float* cv = c + 3 * v;
+        float to_source[3] = {cv[0] - xp[0], cv[1] - xp[1], cv[2] - xp[2]};
+        unit3(to_source);
+        float difference[3] = {to_target[0] - to_source[0], to_target[1] - to_source[1], to_target[2] - to_source[2]};
+        unit3(difference);
+        float* rp = r + 4 * (p * V + v);
+        rp[0] = difference[0];
+        rp[1] = difference[1];
+        rp[2] = difference[2];
+        rp[3] = to_target[0] * to_source[0] + to_target[1] * to_source[1] + to_target[2] * to_source[2];
+      }
+    }
+  });
+  return {grid, visible, mask, rel};
+}
+
+// ------------------------------------------------------------------------------------------------
+// prior_statistics(colours [V, H, W, Cc] f32, grid [V, P, 2] f32, visible [V, P] bool,
+//                  features [V, h, w, F] f32 (F = 0: none), cosines [P, V] f32 (or [0]: no angle weights),
+//                  first_level, feature_stride, feature_offset, feature_scale, feature_weight, temperature)
+//   -> (mean [P, 3], spread [P], rgb [V, 3, P]), all f32
+// `colours` holds each view's image (channels 0-2) and blurred levels (3 channels each); the spread's levels
+// are the 3-channel groups from `first_level` on (0: the image is level 0). The features are read at the
+// image pixel's place in the feature map, ((pixel + 1/2) / feature_scale - 1/2 - offset) / stride, border
+// padded, as `FeatureRead.feature_pixels` reads them. Reads, spreads and weights as
+// `consistency_prior.view_major_statistics` computes them (its PyTorch form), in float32.
+
+constexpr int64_t kMaxPriorViews = 32;
+constexpr int64_t kMaxPriorChannels = 64;
+constexpr int64_t kPriorBlock = 64;  // points per block of reads
+
+inline int64_t blocks_of(int64_t n, int64_t block) { return (n + block - 1) / block; }
+
+struct BilinearCorner {
+  int64_t offsets[4];
+  float weights[4];
+};
+
+// grid_sample's bilinear read with align_corners and border padding at pixel (x, y) of a [h, w] map:
+// the coordinate clipped to [0, size - 1], corners beyond the edge with weight 0.
+inline BilinearCorner bilinear_corners(float x, float y, int64_t h, int64_t w, int64_t channels) {
+  x = std::clamp(x, 0.0f, static_cast<float>(w - 1));
+  y = std::clamp(y, 0.0f, static_cast<float>(h - 1));
+  const int64_t x0 = static_cast<int64_t>(std::floor(x)), y0 = static_cast<int64_t>(std::floor(y));
+  const int64_t x1 = std::min(x0 + 1, w - 1), y1 = std::min(y0 + 1, h - 1);
+  const float fx = x - static_cast<float>(x0), fy = y - static_cast<float>(y0);
+  return {{(y0 * w + x0) * channels, (y0 * w + x1) * channels, (y1 * w + x0) * channels, (y1 * w + x1) * channels},
+          {(1 - fx) * (1 - fy), fx * (1 - fy), (1 - fx) * fy, fx * fy}};
+}
+
+inline void bilinear_read(const float* map, const BilinearCorner& at, int64_t channels, float* out) {
+  const float* p00 = map + at.offsets[0];
+  const float* p01 = map + at.offsets[1];
+  const float* p10 = map + at.offsets[2];
+  const float* p11 = map + at.offsets[3];
+  for (int64_t c = 0; c < channels; ++c) {
+    out[c] = at.weights[0] * p00[c] + at.weights[1] * p01[c] + at.weights[2] * p10[c] + at.weights[3] * p11[c];
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> prior_statistics(
+    const at::Tensor& colours, const at::Tensor& grid, const at::Tensor& visible, const at::Tensor& features,
+    const at::Tensor& cosines, int64_t first_level, double feature_stride, double feature_offset,
+    double feature_scale, double feature_weight, double temperature) {
+  TORCH_CHECK(colours.dim() == 4 && colours.is_contiguous() && colours.scalar_type() == at::kFloat,
+              "prior_statistics: colours [V, H, W, C] float32 contiguous");
+  const int64_t views = colours.size(0), H = colours.size(1), W = colours.size(2), Cc = colours.size(3);
+  TORCH_CHECK(views <= kMaxPriorViews, "prior_statistics: at most ", kMaxPriorViews, " views");
+  TORCH_CHECK(Cc >= 3 && Cc % 3 == 0 && Cc <= kMaxPriorChannels, "prior_statistics: colours in groups of 3");
+  TORCH_CHECK(first_level >= 0 && 3 * first_level < Cc, "prior_statistics: first_level within the colours");
+  TORCH_CHECK(grid.dim() == 3 && grid.size(0) == views && grid.size(2) == 2 && grid.is_contiguous() &&
+                  grid.scalar_type() == at::kFloat,
+              "prior_statistics: grid [V, P, 2] float32 contiguous");
+  const int64_t points = grid.size(1);
+  TORCH_CHECK(visible.sizes() == at::IntArrayRef({views, points}) && visible.scalar_type() == at::kBool &&
+                  visible.is_contiguous(),
+              "prior_statistics: visible [V, P] bool contiguous");
+  TORCH_CHECK(features.dim() == 4 && features.size(0) == views && features.is_contiguous() &&
+                  features.scalar_type() == at::kFloat && features.size(3) <= kMaxPriorChannels,
+              "prior_statistics: features [V, h, w, F] float32 contiguous");
+  const int64_t fh = features.size(1), fw = features.size(2), F = features.size(3);
+  const bool weighted = temperature > 0;
+  TORCH_CHECK(!weighted || (cosines.sizes() == at::IntArrayRef({points, views}) && cosines.is_contiguous() &&
+                            cosines.scalar_type() == at::kFloat),
+              "prior_statistics: cosines [P, V] float32 contiguous");
+  at::Tensor mean = at::empty({points, 3}, grid.options());
+  at::Tensor spread = at::empty({points}, grid.options());
+  at::Tensor rgb = at::empty({views, 3, points}, grid.options());
+  const float* col = colours.data_ptr<float>();
+  const float* g = grid.data_ptr<float>();
+  const bool* vis = visible.data_ptr<bool>();
+  const float* feat = F > 0 ? features.data_ptr<float>() : nullptr;
+  const float* cos_ptr = weighted ? cosines.data_ptr<float>() : nullptr;
+  float* mean_ptr = mean.data_ptr<float>();
+  float* spread_ptr = spread.data_ptr<float>();
+  float* rgb_ptr = rgb.data_ptr<float>();
+  const float sx = 0.5f * static_cast<float>(W - 1), sy = 0.5f * static_cast<float>(H - 1);
+  const float stride = static_cast<float>(feature_stride), offset = static_cast<float>(feature_offset);
+  const float scale = static_cast<float>(feature_scale), fweight = static_cast<float>(feature_weight);
+  const float temp = static_cast<float>(temperature);
+  const int64_t levels = Cc / 3 - first_level;
+  // Blocks of points, read view by view: consecutive samples of a ray fall near each other in a view
+  // (along its epipolar line), so reading one view's maps for a whole block stays in its cache lines,
+  // where reading every view for one point would jump between the views' images. The reads are kept
+  // [view][channel][point of the block], so that the statistics run across a block's points in vectors.
+  constexpr int64_t B = kPriorBlock;
+  at::parallel_for(0, blocks_of(points, B), 1, [&](int64_t first_block, int64_t last_block) {
+    std::vector<float> reads(views * Cc * B), freads(views * std::max<int64_t>(F, 1) * B), seen(views * B),
+        cosine(views * B);
+    float read[kMaxPriorChannels];
+    for (int64_t block = first_block; block < last_block; ++block) {
+      const int64_t begin = block * B, size = std::min(points, begin + B) - begin;
+      std::fill(reads.begin(), reads.end(), 0.0f);
+      std::fill(freads.begin(), freads.end(), 0.0f);
+      for (int64_t v = 0; v < views; ++v) {
+        const float* colour_map = col + v * H * W * Cc;
+        const float* feature_map = F > 0 ? feat + v * fh * fw * F : nullptr;
+        for (int64_t i = 0; i < B; ++i) {
+          const int64_t p = begin + i, vp = v * points + p;
+          seen[v * B + i] = i < size && vis[vp] ? 1.0f : 0.0f;
+          cosine[v * B + i] = weighted && i < size ? cos_ptr[p * views + v] : 1.0f;
+          if (i >= size) continue;
+          if (!vis[vp]) {
+            for (int64_t c = 0; c < 3; ++c) rgb_ptr[(v * 3 + c) * points + p] = 0.0f;
+            continue;
+          }
+          const float x = (g[2 * vp] + 1.0f) * sx, y = (g[2 * vp + 1] + 1.0f) * sy;
+          bilinear_read(colour_map, bilinear_corners(x, y, H, W, Cc), Cc, read);
+          for (int64_t c = 0; c < Cc; ++c) reads[(v * Cc + c) * B + i] = read[c];
+          for (int64_t c = 0; c < 3; ++c) rgb_ptr[(v * 3 + c) * points + p] = read[c];
+          if (F > 0) {
+            const float u = ((x + 0.5f) / scale - 0.5f - offset) / stride;
+            const float t = ((y + 0.5f) / scale - 0.5f - offset) / stride;
+            bilinear_read(feature_map, bilinear_corners(u, t, fh, fw, F), F, read);
+            for (int64_t c = 0; c < F; ++c) freads[(v * F + c) * B + i] = read[c];
+          }
+        }
+      }
+      // The statistics, for the block's points side by side (unseen views read as zeros, weight 0).
+      alignas(64) float count[B], n[B], colour[B], total[B], work[B], second[B];
+#pragma omp simd
+      for (int64_t i = 0; i < B; ++i) count[i] = 0.0f;
+      for (int64_t v = 0; v < views; ++v) {
+        const float* w = seen.data() + v * B;
+#pragma omp simd
+        for (int64_t i = 0; i < B; ++i) count[i] += w[i];
+      }
+#pragma omp simd
+      for (int64_t i = 0; i < B; ++i) {
+        n[i] = std::max(count[i], 1.0f);
+        colour[i] = 0.0f;
+      }
+      // The colour spread: per level, the channel mean of the standard deviation over the visible views.
+      for (int64_t c = 3 * first_level; c < Cc; ++c) {
+#pragma omp simd
+        for (int64_t i = 0; i < B; ++i) work[i] = 0.0f;
+        for (int64_t v = 0; v < views; ++v) {
+          const float* x = reads.data() + (v * Cc + c) * B;
+#pragma omp simd
+          for (int64_t i = 0; i < B; ++i) work[i] += x[i];
+        }
+#pragma omp simd
+        for (int64_t i = 0; i < B; ++i) {
+          work[i] /= n[i];  // the mean
+          second[i] = 0.0f;
+        }
+        for (int64_t v = 0; v < views; ++v) {
+          const float* x = reads.data() + (v * Cc + c) * B;
+          const float* w = seen.data() + v * B;
+#pragma omp simd
+          for (int64_t i = 0; i < B; ++i) {
+            const float d = x[i] - work[i];
+            second[i] += d * d * w[i];
+          }
+        }
+#pragma omp simd
+        for (int64_t i = 0; i < B; ++i) colour[i] += std::sqrt(std::max(second[i] / n[i], 0.0f)) / 3.0f;
+      }
+#pragma omp simd
+      for (int64_t i = 0; i < B; ++i) total[i] = count[i] >= 2.0f ? colour[i] / static_cast<float>(levels) : 0.5f;
+      if (F > 0) {
+        // sqrt(mean squared length - squared length of the mean): one pass (`feature_spread`).
+#pragma omp simd
+        for (int64_t i = 0; i < B; ++i) second[i] = 0.0f;  // the squared lengths' sum
+        for (int64_t v = 0; v < views; ++v) {
+          for (int64_t c = 0; c < F; ++c) {
+            const float* x = freads.data() + (v * F + c) * B;
+#pragma omp simd
+            for (int64_t i = 0; i < B; ++i) second[i] += x[i] * x[i];
+          }
+        }
+#pragma omp simd
+        for (int64_t i = 0; i < B; ++i) colour[i] = 0.0f;  // now: the mean's squared length
+        for (int64_t c = 0; c < F; ++c) {
+#pragma omp simd
+          for (int64_t i = 0; i < B; ++i) work[i] = 0.0f;
+          for (int64_t v = 0; v < views; ++v) {
+            const float* x = freads.data() + (v * F + c) * B;
+#pragma omp simd
+            for (int64_t i = 0; i < B; ++i) work[i] += x[i];
+          }
+#pragma omp simd
+          for (int64_t i = 0; i < B; ++i) {
+            const float m = work[i] / n[i];
+            colour[i] += m * m;
+          }
+        }
+#pragma omp simd
+        for (int64_t i = 0; i < B; ++i) {
+          const float feature = std::sqrt(std::max(second[i] / n[i] - colour[i], 0.0f));
+          total[i] += fweight * (count[i] >= 2.0f ? feature : 1.0f);
+        }
+      }
+      for (int64_t i = 0; i < size; ++i) spread_ptr[begin + i] = total[i];
+      // The mean colour: plain, or weighted by the views' angles to the target ray (`angle_weights`):
+      // softmax(-(angle - nearest) / (temperature x mean angle)) over the visible views.
+      float* weights = cosine.data();  // in place: [view][point] angles, then weights
+      if (weighted) {
+        alignas(64) float nearest[B];
+#pragma omp simd
+        for (int64_t i = 0; i < B; ++i) {
+          nearest[i] = static_cast<float>(M_PI);
+          work[i] = 0.0f;  // the visible views' angles' sum
+        }
+        for (int64_t v = 0; v < views; ++v) {
+          float* a = weights + v * B;
+          const float* w = seen.data() + v * B;
+#pragma omp simd
+          for (int64_t i = 0; i < B; ++i) {
+            a[i] = pola_gnt_math::arccos(std::clamp(a[i], -1.0f, 1.0f));
+            nearest[i] = w[i] > 0.0f ? std::min(nearest[i], a[i]) : nearest[i];
+            work[i] += a[i] * w[i];
+          }
+        }
+#pragma omp simd
+        for (int64_t i = 0; i < B; ++i) {
+          work[i] = -1.0f / (temp * std::max(work[i] / n[i], 1e-6f));  // the scores' scale
+          second[i] = 0.0f;  // the softmax's sum
+        }
+        for (int64_t v = 0; v < views; ++v) {
+          float* a = weights + v * B;
+          const float* w = seen.data() + v * B;
+#pragma omp simd
+          for (int64_t i = 0; i < B; ++i) {
+            // The nearest view's score is 0, the largest: no maximum to subtract. A view that does not
+            // see the point may be nearer than the nearest that does: its exponent stays out.
+            const float score = w[i] > 0.0f ? (a[i] - nearest[i]) * work[i] : -87.0f;
+            a[i] = w[i] * pola_gnt_math::exp_nonpositive(score);
+            second[i] += a[i];
+          }
+        }
+#pragma omp simd
+        for (int64_t i = 0; i < B; ++i) second[i] = 1.0f / std::max(second[i], 1e-30f);
+        for (int64_t v = 0; v < views; ++v) {
+          float* a = weights + v * B;
+#pragma omp simd
+          for (int64_t i = 0; i < B; ++i) a[i] *= second[i];
+        }
+      } else {
+        for (int64_t v = 0; v < views; ++v) {
+          float* a = weights + v * B;
+          const float* w = seen.data() + v * B;
+#pragma omp simd
+          for (int64_t i = 0; i < B; ++i) a[i] = w[i] / n[i];
+        }
+      }
+      for (int64_t c = 0; c < 3; ++c) {
+#pragma omp simd
+        for (int64_t i = 0; i < B; ++i) work[i] = 0.0f;
+        for (int64_t v = 0; v < views; ++v) {
+          const float* x = reads.data() + (v * Cc + c) * B;
+          const float* a = weights + v * B;
+#pragma omp simd
+          for (int64_t i = 0; i < B; ++i) work[i] += a[i] * x[i];
+        }
+        for (int64_t i = 0; i < size; ++i) mean_ptr[(begin + i) * 3 + c] = work[i];
+      }
+    }
+  });
+  return {mean, spread, rgb};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(pola_gnt_render, m) {
@@ -546,6 +898,13 @@ TORCH_LIBRARY(pola_gnt_render, m) {
       "subtraction_view_attention(Tensor q, Tensor kv, Tensor mask, Tensor w1, Tensor b1, Tensor w2, Tensor b2) "
       "-> Tensor");
   m.def("softmax_ray_attention(Tensor qkv, Tensor mask, int heads) -> Tensor");
+  m.def(
+      "sample_geometry(Tensor points, Tensor w2c, Tensor intrinsics, Tensor origins, Tensor centers, int height, "
+      "int width, float margin) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "prior_statistics(Tensor colours, Tensor grid, Tensor visible, Tensor features, Tensor cosines, int first_level, "
+      "float feature_stride, float feature_offset, float feature_scale, float feature_weight, float temperature) "
+      "-> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(pola_gnt_render, CPU, m) {
@@ -554,4 +913,6 @@ TORCH_LIBRARY_IMPL(pola_gnt_render, CPU, m) {
   m.impl("layer_norm_rows", &layer_norm_rows);
   m.impl("subtraction_view_attention", &subtraction_view_attention);
   m.impl("softmax_ray_attention", &softmax_ray_attention);
+  m.impl("sample_geometry", &sample_geometry);
+  m.impl("prior_statistics", &prior_statistics);
 }

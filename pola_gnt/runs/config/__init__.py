@@ -9,6 +9,8 @@ consumers).
   device line, the run-folder check.
 - `stored`: the run config stored in a checkpoint, and that config with the command line's keys
   applied (eval, render_video, analyze).
+- `commands`: the config of a command run from inside another (the benchmark's `eval` and `train` of
+  each scene), composed as that command composes it.
 """
 
 from pola_gnt.runs.config.read import (

@@ -86,8 +86,8 @@ def read_video_settings(video: DictConfig | Mapping) -> VideoSettings:
 
 
 def check_scene(settings: RunSettings, scene: Scene) -> None:
-    """Checks against the loaded scene: views requested vs available, crops, ray counts, and the
-    encoder's smallest input."""
+    """Checks against the loaded scene (before training): views requested vs available, crops (not with a
+    working size), ray counts, and the encoder's smallest input."""
     data = settings.data
     n_train, n_test, n_views = len(scene.train_ids), len(scene.test_ids), len(scene.image_names)
     if n_test == 0:
@@ -131,6 +131,12 @@ def check_scene(settings: RunSettings, scene: Scene) -> None:
         smallest = min(fitting, key=lambda size: size[0] * size[1])
         pixels, what = smallest[0] * smallest[1], f"{smallest[0]}x{smallest[1]} random crop"
         side, key = min(min(size) for size in fitting), "data.random_crop"
+    if settings.model.net.working_size and key != "data.rays_per_step":
+        # A source's working factor comes from its size (NetSettings.working_factor): a crop's is not its image's.
+        raise UserError(
+            f"{key}: training crops with model.net.working_size {settings.model.net.working_size} (the working "
+            f"size follows an image's own size, not its crop's); set {key}=null or model.net.working_size=0"
+        )
     max_rays = data.max_rays()
     if max_rays > pixels:
         scaled = f" (up to {max_rays} with data.scale_rays_with_views)" if max_rays != data.rays_per_step else ""

@@ -79,9 +79,11 @@ def stored_run_config(checkpoint: dict, path: Path) -> DictConfig:
 # Dropout shapes training only; the views' angle weighting and the number of feature directions are
 # choices of how the same weights render (no parameters of their own), e.g. on a scene the model never saw.
 # The learned scores' bound has no parameters either: a fine-tuning run may lift it (0) to let the scores
-# leave the prior where one scene's views call for it.
+# leave the prior where one scene's views call for it. The working size chooses the images the same weights
+# see (a network trained at one resolution rendering another).
 WEIGHTLESS_NET_KEYS = (
     "dropout",
+    "working_size",
     "readout_view_angle_weighting",
     "readout_consistency_feature_dims",
     "readout_score_bound",
@@ -121,7 +123,9 @@ COMMAND_SECTIONS = (
     "trainer",
     "video",
     "view",
+    "export",
     "analyze",
+    "benchmark",
     "ckpt_path",
     "render.chunk_rays",
     "render.max_memory_mb",
@@ -236,7 +240,7 @@ def run_config_with_overrides(
       as setting every key its file sets;
     - `model=NAME` must name the checkpoint's model and `model.net.*` keys must equal the
       checkpoint's: a network cannot change after training (UserError naming what differs);
-    - `trainer`, `video`, `view`, `analyze`, `ckpt_path`, the render keys of the machine
+    - `trainer`, `video`, `view`, `analyze`, `benchmark`, `export`, `ckpt_path`, the render keys of the machine
       (`render.chunk_rays`, `render.max_memory_mb`, `render.precision`, `render.workers`) and the training cache's
       size (`model.net.encoder.feature_cache_mb`) always come from `cfg` (`COMMAND_SECTIONS`).
     Keys the checkpoint lacks (added to the project after it was saved) take `cfg`'s defaults.
