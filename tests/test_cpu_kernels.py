@@ -47,7 +47,7 @@ def test_the_render_kernels_build_on_this_machine(recwarn):
     a failed build only warns and renders through the PyTorch forms, so CI checks that it builds."""
     assert render_kernels.available(), [str(warning.message) for warning in recwarn]
     operators = torch.ops.pola_gnt_render
-    kernels = ("view_token_inputs", "masked_max_views", "layer_norm_rows")
+    kernels = ("sample_geometry", "prior_statistics", "view_token_inputs", "masked_max_views", "layer_norm_rows")
     for name in (*kernels, "subtraction_view_attention", "softmax_ray_attention"):
         assert hasattr(operators, name), name
 
