@@ -1,7 +1,7 @@
 """Benchmark GNT against Pola-GNT: render / training throughput, peak memory, FLOP per ray.
 
     python scripts/bench_render.py --out bench.json [--device cpu|cuda] [--samples 64 192]
-        [--views 10] [--rays 16] [--width 64 --blocks 4] [--repeats 5] [--bf16] [--compile]
+        [--views 10] [--rays 16] [--width 64 --blocks 4] [--repeats 5] [--bf16] [--compile] [--prior]
 
 Both models see the same synthetic forward-facing rig: `views` source cameras on a small grid
 looking down +z, a target camera at the origin, rays through random pixels, samples uniform in
@@ -22,6 +22,11 @@ machine slows both alike):
   quadratic ray attention counts 0), and for Pola-GNT's fused CPU kernels (which it cannot look
   into). Elementwise work (feature maps, softmax) is not counted for either model. Achieved GFLOP/s
   follow from these counts.
+
+`--prior` gives both models the shipped checkpoints' read-out (`experiment=pretrain`'s: the consistency
+prior over a 4-level blur pyramid and 16 directions of AlexNet's conv2 features, the views weighted by
+their angle to the ray, the source colour alone; AlexNet's weights found as the LPIPS weights are): the
+prior's network, its per-image part computed once before the timed runs, as a scene's renders keep it.
 
 `--compile` runs both models through `torch.compile` (what `model.compile=true` does in training);
 each row then also says how long the first render and training calls took (the compilation).
@@ -148,11 +153,18 @@ def model_steps(
     """The model and its render step (eval, inference mode, fp32: the network itself), its bf16 render
     step (`render.precision=bf16`: `FastRenderNetwork`) and its training step (forward + backward)."""
     torch.manual_seed(0)
-    # The model's own config (conf/model/<kind>.yaml, no experiment's read-out options) at the benchmark's size.
-    net = read_run_settings(compose_config(f"model={kind}", "experiment=standard", "trainer=cpu")).model.net
+    # The model's own config (conf/model/<kind>.yaml, no experiment's read-out options; with --prior the
+    # shipped read-out of experiment=pretrain) at the benchmark's size.
+    experiment = "pretrain" if args.prior else "standard"
+    net = read_run_settings(compose_config(f"model={kind}", f"experiment={experiment}", "trainer=cpu")).model.net
     model = GNT(replace(net, width=args.width, n_blocks=args.blocks, heads=args.heads))
     model.encoder = None  # excluded from the benchmark: features are given (frees its 9 M parameters)
     model.to(device)
+    if args.prior:  # the prior's per-image part once, as a scene's renders keep it (PriorImageCache)
+        sources = SourceViews(sources.images, sources.features, sources.c2w, sources.intrinsics)
+        with torch.inference_mode():
+            per_image = [model.prior_image(sources.images[i : i + 1]) for i in range(len(sources.images))]
+        sources.keep_prior_images(model, per_image)
     if args.compile:
         model.compile(dynamic=False)  # the benchmark's shapes are fixed
     n_rays = len(rays)
@@ -232,6 +244,7 @@ def bench_samples(
                 "device": str(device),
                 "dtype": "bf16-autocast" if args.bf16 else "fp32",
                 "compiled": args.compile,
+                "read_out": "shipped prior" if args.prior else "the model's own",
                 "render_first_call_s": first_call_s[kind, "render"],
                 "train_first_call_s": first_call_s[kind, "train"],
                 "threads": torch.get_num_threads(),
@@ -290,6 +303,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--compile", action="store_true", help="torch.compile both models (first-call times include compilation)"
     )
+    parser.add_argument(
+        "--prior", action="store_true", help="the shipped checkpoints' read-out (experiment=pretrain's prior)"
+    )
     return parser.parse_args(argv)
 
 
@@ -322,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"\n{args.device}, {args.views} views, {args.rays} rays per chunk, width {args.width}, "
         f"{args.blocks} blocks, {'bf16 autocast' if args.bf16 else 'fp32'}"
-        f"{', torch.compile' if args.compile else ''}; encoder excluded"
+        f"{', torch.compile' if args.compile else ''}{', the shipped prior' if args.prior else ''}; encoder excluded"
     )
     print_table(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.models = list(MODELS)
     args.compile = False
+    args.prior = False
     device = torch.device(args.device)
     configure_cpu_allocator()
     print(
