@@ -1,9 +1,14 @@
 """Shared fixtures. Tests that need `../shared` (real fern scene, LPIPS weights) fail in CI when it
-is missing and skip elsewhere; its location can be overridden with `POLA_GNT_SHARED`."""
+is missing and skip elsewhere; its location can be overridden with `POLA_GNT_SHARED`.
+
+Under `CI=true` a skip is a failure unless its reason is on `CI_ALLOWED_SKIPS` (below): CI must not
+pass while a required part (a kernel build, Triton, a download, a fault test) went untested."""
 
 from __future__ import annotations
 
 import os
+import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -25,9 +30,74 @@ from pola_gnt.core.paths import DEMO_ENV, PROCEDURAL_ENV, PROJECT_ROOT  # noqa: 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+# The skips CI accepts: reasons that hold on a CPU-only CI machine, each with why. Any other skip
+# under CI=true fails its test (or its file, for a skip while collecting). Patterns match the start of
+# the reason pytest reports.
+CI_ALLOWED_SKIPS: dict[str, str] = {
+    # The `gpu` tests and the compiled (not interpreted) Triton kernels: a CPU-only CI has no CUDA device.
+    r"needs (a )?CUDA\b": "no CUDA device on a CPU-only CI (the gpu tests and compiled Triton kernels)",
+    # helpers/interpreter.py: a Triton kernel test runs in its file's TRITON_INTERPRET=1 child pytest,
+    # whose every `interpreter` test must pass there (the parent's `*_in_interpreter` test checks it);
+    # in that child the parent test itself is the one skipped.
+    r"runs in the file's TRITON_INTERPRET=1 child pytest": "run and checked in the interpreter child instead",
+    r"this is the interpreter run": "the parent's check of the child, not run inside the child",
+    # test_reliability.py: the full and read-only disk faults run without a mount everywhere (a file size
+    # limit, a folder the process cannot write); the tmpfs variant needs root's mount in addition.
+    r"cannot mount a small tmpfs here": "the same faults are tested without a mount (test_reliability.py)",
+    # test_viewer.py: a system browser, not a Python package the CI's pip installs.
+    r"no Chromium at ": "a system package (apt-get install chromium); the viewer's other tests still run",
+}
+
+
+def skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    """The reason pytest gives for a skip (the message of `pytest.skip`, a `skipif` reason)."""
+    longrepr = report.longrepr
+    message = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return message.removeprefix("Skipped: ")
+
+
+def ci_allows_skip(reason: str) -> bool:
+    return any(re.match(pattern, reason) for pattern in CI_ALLOWED_SKIPS)
+
+
+def _fail_unlisted_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Under CI=true: a skipped report whose reason is not on `CI_ALLOWED_SKIPS` becomes a failure."""
+    if os.environ.get("CI") and report.skipped and not hasattr(report, "wasxfail"):
+        reason = skip_reason(report)
+        if not ci_allows_skip(reason):
+            report.outcome = "failed"
+            report.longrepr = f"skipped under CI=true for a reason not on conftest.CI_ALLOWED_SKIPS: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    _fail_unlisted_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector):
+    outcome = yield
+    _fail_unlisted_skip(outcome.get_result())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """The skip count and the reasons, one line each (CI's log shows what did not run and why)."""
+    reasons = Counter(skip_reason(report) for report in terminalreporter.stats.get("skipped", []))
+    terminalreporter.write_line(f"skipped: {sum(reasons.values())}")
+    for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
+        listed = "on CI's list" if ci_allows_skip(reason) else "NOT on CI's list"
+        terminalreporter.write_line(f"  {count:4d}  {reason}  ({listed})")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # beartype reads omegaconf's DictConfig as a `typing.MutableMapping` hint and warns about that alias.
     config.addinivalue_line("filterwarnings", r"ignore:.*typing\.MutableMapping.*deprecated by PEP 585")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # In the Triton kernel files' child pytest: which tests must pass there (helpers/interpreter.py).
+    interpreter.mark_interpreter_tests(items)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

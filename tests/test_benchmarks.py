@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import statistics
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -56,40 +58,88 @@ def test_pola_attention_flops_include_the_fused_kernels():
         assert counted == projections + 4 * points * views * heads * d
 
 
-def test_bench_render_runs_both_models_and_reports_ratios(tmp_path, capsys):
+class FakeClock:
+    """`time.perf_counter` for the benchmark script: it moves only when a step says it took time."""
+
+    def __init__(self):
+        self.now_s = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now_s
+
+
+PHASES = ("render", "render_bf16", "train")  # the order of `model_steps`' steps
+
+
+# How long the fake clock says a step took, in units of `_unit`: the warm-up, then the three timed runs;
+# the calls after them (FLOP counting, peak memory) are not timed and take nothing.
+WARM_UP, TIMED = 10, (3, 1, 2)
+
+
+def _unit(kind: str, phase: str, n_samples: int) -> float:
+    """Seconds per unit: different for each model, phase and sample count, so no field can be another's."""
+    return (1 + ("gnt", "pola_gnt").index(kind)) * (1 + PHASES.index(phase)) * n_samples / 1000
+
+
+def _step_seconds(kind: str, phase: str, n_samples: int, call: int) -> float:
+    units = ((WARM_UP, *TIMED)[call]) if call <= len(TIMED) else 0
+    return units * _unit(kind, phase, n_samples)
+
+
+def test_bench_render_rates_are_its_counts_over_its_median_times(tmp_path, monkeypatch, capsys):
+    """Each model's steps run for real (both models, two sample counts), under a fake clock that
+    gives each step a known duration: every rate in the rows is the test's own count of rays or
+    FLOPs over the median of the durations it gave, and the first-call times are the warm-ups'."""
     bench = load_script("bench_render")
+    clock = FakeClock()
+    monkeypatch.setattr(bench, "time", clock)
+    real_steps: dict[tuple[str, int, str], Callable[[], None]] = {}
+    model_steps = bench.model_steps
+
+    def timed_model_steps(kind, n_samples, *args):
+        model, *steps = model_steps(kind, n_samples, *args)
+        calls = dict.fromkeys(PHASES, 0)
+
+        def timed(phase, step):
+            def run() -> None:
+                clock.now_s += _step_seconds(kind, phase, n_samples, calls[phase])
+                calls[phase] += 1
+                step()
+
+            return run
+
+        real_steps.update({(kind, n_samples, phase): step for phase, step in zip(PHASES, steps)})
+        return (model, *(timed(phase, step) for phase, step in zip(PHASES, steps)))
+
+    monkeypatch.setattr(bench, "model_steps", timed_model_steps)
     out = tmp_path / "bench.json"
-    bench.main(
-        [
-            "--out",
-            str(out),
-            "--samples",
-            "8",
-            "24",
-            "--rays",
-            "2",
-            "--views",
-            "3",
-            "--width",
-            "16",
-            "--blocks",
-            "1",
-            "--repeats",
-            "1",
-        ]
-    )
+    arguments = "--samples 8 24 --rays 2 --views 3 --width 16 --blocks 1 --repeats 3"
+    bench.main(["--out", str(out), *arguments.split()])
     rows = json.loads(out.read_text())
     assert {(row["model"], row["n_samples"]) for row in rows} == {
         (kind, samples) for kind in ("gnt", "pola_gnt") for samples in (8, 24)
     }
+    for row in rows:
+        kind, n_samples, rays = row["model"], row["n_samples"], 2
+        assert row["n_rays"] == rays and row["repeats"] == 3
+        render_s, bf16_s, train_s = (statistics.median(TIMED) * _unit(kind, phase, n_samples) for phase in PHASES)
+        gflop, train_gflop = (bench.counted_gflop(real_steps[kind, n_samples, phase]) for phase in ("render", "train"))
+        expected = {
+            "render_rays_per_s": rays / render_s,
+            "render_bf16_rays_per_s": rays / bf16_s,
+            "render_bf16_speedup": render_s / bf16_s,
+            "train_rays_per_s": rays / train_s,
+            "gflop_per_ray": gflop / rays,
+            "train_gflop_per_ray": train_gflop / rays,
+            "render_gflop_per_s": gflop / render_s,
+            "train_gflop_per_s": train_gflop / train_s,
+            "render_first_call_s": WARM_UP * _unit(kind, "render", n_samples),
+            "train_first_call_s": WARM_UP * _unit(kind, "train", n_samples),
+        }
+        assert {key: row[key] for key in expected} == pytest.approx(expected, rel=1e-9), (kind, n_samples)
     gnt = {row["n_samples"]: row["gflop_per_ray"] for row in rows if row["model"] == "gnt"}
     # GNT's ray attention is quadratic in the samples: the FLOPs per ray grow faster than the samples.
     assert gnt[24] / gnt[8] > 3.0
-    assert all(row["render_rays_per_s"] > 0 and row["train_gflop_per_s"] > 0 for row in rows)
-    # render.precision=bf16 beside fp32, from the same run (the ratio is what docs/benchmarks.md reports).
-    for row in rows:
-        assert row["render_bf16_rays_per_s"] > 0
-        assert row["render_bf16_speedup"] == pytest.approx(row["render_bf16_rays_per_s"] / row["render_rays_per_s"])
     assert "Pola-GNT / GNT" in capsys.readouterr().out
 
 

@@ -1,10 +1,12 @@
 """Training budgets (`pola_gnt/runs/training_budget.py`): `trainer.max_time`'s forms, the budget label and what
-stopped training, and a real run stopped by its time budget."""
+stopped training, and a real run stopped by its time budget. The real runs' training time is a clock of
+training steps (`helpers.step_clock`: 1 s a step), so they stop after a known number of steps on any machine."""
 
 from __future__ import annotations
 
 import pytest
 from helpers import TINY_OVERRIDES, read_metrics, run_in_process, run_settings
+from helpers.step_clock import install_step_clock
 
 from pola_gnt.core.errors import UserError
 from pola_gnt.runs.training_budget import budget_document, max_time_seconds, training_document
@@ -39,7 +41,9 @@ def test_budget_label_and_what_stopped_training():
     assert training_document(steps, 300, 120.0)["stopped_by"] is None  # a checkpoint from mid-run
 
 
-def test_time_budget_stops_training_and_is_labelled(tmp_path):
+def test_time_budget_stops_training_and_is_labelled(tmp_path, monkeypatch):
+    """2 s at 1 s a step: the Timer stops training at the end of step 2."""
+    clock = install_step_clock(monkeypatch, seconds_per_step=1.0)
     result = run_in_process(
         "train",
         *TINY_OVERRIDES,
@@ -53,13 +57,15 @@ def test_time_budget_stops_training_and_is_labelled(tmp_path):
     document = read_metrics(tmp_path)
     assert document["budget"]["kind"] == "time" and document["budget"]["label"] == "2 s wall time"
     training = document["training"]
-    assert training["stopped_by"] == "max_time" and 2.0 <= training["wall_time_s"] < 60
-    assert 1 <= training["steps"] == document["global_step"] < 100000
+    assert training["stopped_by"] == "max_time" and training["wall_time_s"] == 2.0
+    assert training["steps"] == document["global_step"] == clock.steps == 2
 
 
-def test_budget_checkpoints_are_the_models_of_shorter_time_budgets(tmp_path):
-    """`trainer.checkpoint_minutes`: a 3 s run saves the model at 1 s of training, stored as a run
-    with a 1 s budget; `eval` of it reports that budget and its own step and time."""
+def test_budget_checkpoints_are_the_models_of_shorter_time_budgets(tmp_path, monkeypatch):
+    """`trainer.checkpoint_minutes`: a 3 s run (3 steps at 1 s a step) saves the model at 1 s of
+    training (step 1), stored as a run with a 1 s budget; `eval` of it reports that budget and its own
+    step and time."""
+    install_step_clock(monkeypatch, seconds_per_step=1.0)
     mark = 1 / 60  # minutes
     result = run_in_process(
         "train",
@@ -79,8 +85,8 @@ def test_budget_checkpoints_are_the_models_of_shorter_time_budgets(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     document = read_metrics(evaluated)
     assert document["budget"]["label"] == "1 s wall time" and document["training"]["stopped_by"] == "max_time"
-    assert 1.0 <= document["training"]["wall_time_s"] < full["training"]["wall_time_s"]
-    assert 1 <= document["global_step"] < full["global_step"]
+    assert full["training"]["wall_time_s"] == 3.0 and full["global_step"] == 3
+    assert document["training"]["wall_time_s"] == 1.0 and document["global_step"] == 1
 
 
 def test_checkpoint_minutes_must_be_positive():

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.kernel_calls import count_kernel_calls
 
 from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays, points_along_rays
@@ -32,6 +33,13 @@ from tests.test_render_precision import _net
 pytestmark = pytest.mark.skipif(not render_kernels.available(), reason="no C++ compiler for the render kernels")
 
 VIEWS, HEIGHT, WIDTH, POINTS = 5, 23, 31, 300
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Calls of the render kernels' operators during the test: a kernel test fails where its PyTorch
+    form ran instead (`helpers.kernel_calls`)."""
+    return count_kernel_calls(monkeypatch, "pola_gnt_render")
 
 
 def _inputs(features: bool, angles: bool, seed: int = 0) -> dict:
@@ -58,7 +66,7 @@ def _fp64(inputs: dict) -> dict:
 @pytest.mark.parametrize("features", [False, True], ids=["colour", "features"])
 @pytest.mark.parametrize("angles", [False, True], ids=["mean", "angle weights"])
 @pytest.mark.parametrize("scale", [1.0, 2.0], ids=["own scale", "working scale 2"])
-def test_the_prior_kernel_is_its_pytorch_form(first_level, features, angles, scale):
+def test_the_prior_kernel_is_its_pytorch_form(kernel_calls, first_level, features, angles, scale):
     """The kernel (float32) against `view_major_statistics` in float64, to float32 rounding."""
     inputs = _inputs(features, angles)
     options = {
@@ -70,6 +78,7 @@ def test_the_prior_kernel_is_its_pytorch_form(first_level, features, angles, sca
     with torch.inference_mode():
         got = render_kernels.prior_statistics(**inputs, **options)
         expected = view_major_statistics(**_fp64(inputs), **options)
+    assert kernel_calls == {"prior_statistics": 1}
     for name, a, b in zip(("mean", "spread", "rgb"), got, expected, strict=True):
         assert a.dtype == torch.float32 and a.shape == b.shape
         torch.testing.assert_close(a.double(), b, rtol=0, atol=2e-6, msg=name)
@@ -277,7 +286,7 @@ def test_the_prior_kept_per_image_is_the_prior_of_the_set(lpips_alex_weights, wo
     assert list(small.entries) == [1]
 
 
-def test_the_sample_geometry_kernel_is_project_points_and_relative_directions():
+def test_the_sample_geometry_kernel_is_project_points_and_relative_directions(kernel_calls):
     """`render_kernels.sample_geometry` (float32) against `project_points`, `pixels_to_grid` and
     `relative_directions` run in float64: the grid to float32 rounding, the same visibility (points in
     front and behind, inside, outside and around the edges), the directions to float32 rounding."""
@@ -296,6 +305,7 @@ def test_the_sample_geometry_kernel_is_project_points_and_relative_directions():
         grid, visible, view_mask, rel_dirs = render_kernels.sample_geometry(
             points, origins, c2w, intrinsics.clone(), height, width
         )
+    assert kernel_calls == {"sample_geometry": 1}
     projection = project_points(points.double(), c2w.double(), intrinsics.double(), height, width)
     expected_grid = pixels_to_grid(projection.pixels, height, width).flatten(1, 2)
     assert visible.any() and not visible.all() and (projection.depth < 0).any()

@@ -11,20 +11,26 @@ import sys
 
 import pytest
 import torch
+from helpers.kernel_calls import count_kernel_calls
 
 from pola_gnt.attention import cpu_extension
 from pola_gnt.attention.ray.cpu_form import samples_conv_cpu
 from pola_gnt.attention.ray.op import polarity_ray_attention
 from pola_gnt.attention.reference import polarity_attention_reference
 from pola_gnt.attention.view.op import polarity_view_attention
+from pola_gnt.model import render_kernels
 
 
 @pytest.fixture(params=["fused", "pytorch"])
 def cpu_path(request, monkeypatch):
-    """Run a test through the fused kernels and through the PyTorch forms."""
+    """Run a test through the fused kernels and through the PyTorch forms; the fused case fails where
+    no kernel ran (a failed build or an input the kernels refuse falls back to the PyTorch forms),
+    the PyTorch case where one did."""
+    calls = count_kernel_calls(monkeypatch, "pola_gnt_cpu")
     if request.param == "pytorch":
         monkeypatch.setattr(cpu_extension, "usable", lambda *args, **kwargs: False)
-    return request.param
+    yield request.param
+    assert bool(calls) == (request.param == "fused"), f"{request.param}: kernels called {dict(calls)}"
 
 
 def test_the_kernels_build_on_this_machine():
@@ -34,6 +40,28 @@ def test_the_kernels_build_on_this_machine():
     assert cpu_extension.usable(torch.zeros(1, 8), 8, views=10)
     assert not cpu_extension.usable(torch.zeros(1, 6), 6)  # no compiled head dim: PyTorch forms
     assert not cpu_extension.usable(torch.zeros(1, 8, dtype=torch.bfloat16), 8)
+
+
+def test_the_render_kernels_build_on_this_machine(recwarn):
+    """The rendering network's kernels (`model.render_kernels`, `csrc/render_cpu.cpp`) as the attention's:
+    a failed build only warns and renders through the PyTorch forms, so CI checks that it builds."""
+    assert render_kernels.available(), [str(warning.message) for warning in recwarn]
+    operators = torch.ops.pola_gnt_render
+    kernels = ("sample_geometry", "prior_statistics", "view_token_inputs", "masked_max_views", "layer_norm_rows")
+    for name in (*kernels, "subtraction_view_attention", "softmax_ray_attention"):
+        assert hasattr(operators, name), name
+
+
+def test_a_failed_build_is_a_warning_and_false(tmp_path, monkeypatch):
+    """What users without a compiler get, and what the build tests above guard against in CI."""
+    from pola_gnt.core import cpp_build
+
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "builds"))
+    monkeypatch.delenv(cpp_build.DISABLE_VARIABLE, raising=False)
+    with pytest.warns(RuntimeWarning, match="the fused CPU test kernels could not be built"):
+        assert cpp_build.build_extension("pola_gnt_broken", broken, "test") is False
 
 
 def test_the_kernels_can_be_switched_off():

@@ -86,14 +86,54 @@ def test_training_steps_crop_consistently_and_scale_the_rays():
     assert len(counts) > 1  # the number of views drawn varies, and the rays with it
 
 
+def _pixel_indices(batch, scene) -> torch.Tensor:
+    """The row-major pixel index of each of `batch`'s rays in its target image (whole, uncropped): its
+    direction projected back through the target camera, which lands on a pixel centre."""
+    c2w, intrinsics = scene.cameras.c2w[batch.view].double(), scene.cameras.intrinsics[batch.view].double()
+    projected = (batch.rays.directions.double() @ c2w[:3, :3]) @ intrinsics.T  # the camera's rotation inverted
+    uv = projected[:, :2] / projected[:, 2:]
+    assert (uv - uv.round()).abs().max() < 1e-3  # a pixel's ray, not a point between pixels
+    return (uv[:, 1].round() * scene.images.shape[2] + uv[:, 0].round()).long()
+
+
+# What `TrainSteps(seed=0, rank=0)` drew at steps 0-3 on the demo scene (94 x 126 pixels, 64 rays a
+# step), computed once (2026-12-06) and pinned: (target view, source views, the depth jitter's seed,
+# the first 6 ray pixels, the sum of the 64 ray pixels, the first 2 colours and the sum of all 64 x 3
+# colours in 8-bit units).
+PINNED_DRAWS = [
+    (17, [12, 18, 7], 1683773458080347525,
+     [11793, 949, 9992, 11601, 1054, 7453], 404985, [[177, 145, 93], [108, 98, 92]], 17958),
+    (18, [17], 4326614698414839344,
+     [7157, 4758, 10337, 1432, 10725, 735], 350030, [[69, 144, 101], [97, 69, 71]], 18120),
+    (4, [6, 14], 758434510313348179,
+     [1794, 7794, 2937, 4841, 8190, 11665], 417372, [[49, 45, 90], [174, 142, 91]], 16784),
+    (14, [13, 3, 12, 17, 7], 3788070286676129653,
+     [9098, 7034, 8349, 9923, 9666, 5235], 425484, [[175, 144, 92], [146, 163, 111]], 18373),
+]  # fmt: skip
+
+
 def test_without_the_recipe_the_steps_are_unchanged():
-    """Off (the quick preset), a step draws exactly what it drew before: same views, rays, colours."""
+    """Off (the quick preset), a step draws exactly what it drew before: same views, rays, colours
+    (`PINNED_DRAWS`, seed 0)."""
     cfg = compose_config(*TINY_OVERRIDES)
     scene = load_scene(*scene_and_data(cfg))
     plain = TrainSteps(scene, read_run_settings(cfg).data, 4, seed=0, rank=0)
-    for step in range(4):
+    for step, pinned in enumerate(PINNED_DRAWS):
         batch = plain[step].targets[0]
         assert len(batch.rgb) == 64 and batch.sources.images.shape[-2:] == scene.images.shape[1:3]
+        pixels = _pixel_indices(batch, scene)
+        assert torch.equal(batch.rgb, scene.images[batch.view].reshape(-1, 3)[pixels])  # each ray's own colour
+        colours = (batch.rgb * 255).round().long()
+        drawn = (
+            batch.view,
+            batch.sources.ids.tolist(),
+            batch.sample_seed,
+            pixels[:6].tolist(),
+            int(pixels.sum()),
+            colours[:2].tolist(),
+            int(colours.sum()),
+        )
+        assert drawn == pinned, (step, drawn)
     # The random crop only changes what the crop draws, after the views.
     cropped = compose_config(*TINY_OVERRIDES, "data.random_crop={heights:[40,80],area:4000}")
     with_crop = TrainSteps(scene, read_run_settings(cropped).data, 4, seed=0, rank=0)

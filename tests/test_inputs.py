@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from pola_gnt.core.paths import PROJECT_ROOT
 from pola_gnt.data.images import list_images, read_image
 from pola_gnt.data.llff import load_llff_scene, read_poses_bounds
 from pola_gnt.data.scene_loading import load_scene
+from pola_gnt.data.settings import RandomCrop
 from pola_gnt.runs.checkpoints import resolve_checkpoint
 from pola_gnt.runs.config.read import check_scene, read_run_settings
 
@@ -66,14 +68,46 @@ def test_bad_config_value_is_one_user_error(override, key):
     assert str(err.value).startswith(f"{key}:") and "\n" not in str(err.value)
 
 
-def test_good_configs_pass():
-    for overrides in (
-        [],
-        ["experiment=paper"],
-        ["optim.decay_rate=1", "trainer.gradient_clip_val=0", "seed=0"],
-        ["data.crop=[32,32]", "trainer.val_check_interval=1.0"],
-    ):
-        read_run_settings(compose_config(*overrides))
+@pytest.mark.parametrize(
+    "overrides, parsed",
+    [
+        # The tiny overrides (TINY_OVERRIDES, always given here) over the quick preset on a CPU machine.
+        (
+            [],
+            {"data.factor": 32, "data.num_source_views": 3, "data.rays_per_step": 64, "data.crop": None,
+             "data.random_crop": None, "render.n_samples": 8, "model.net.width": 16, "model.net.dropout": 0.0,
+             "optim.lr_transformer": 1e-3, "optim.decay_rate": 0.5, "trainer.accelerator": "cpu",
+             "trainer.max_steps": 500, "trainer.val_check_interval": 125, "trainer.gradient_clip_val": None,
+             "seed": 0},
+        ),
+        # GNT's published setting (conf/experiment/paper.yaml) where the tiny overrides leave it: its lists
+        # and mapping as typed values; the command line's keys (data.factor, ...) win over the experiment's.
+        (
+            ["experiment=paper"],
+            {"data.factor": 32, "data.targets_per_step": 8, "data.source_pool_weights": (0.2, 0.45, 0.35),
+             "data.random_crop": RandomCrop(heights=(250, 750), area=240000), "data.crop_placement": "gnt",
+             "data.scale_rays_with_views": True, "model.net.dropout": 0.1, "optim.lr_transformer": 5e-4,
+             "optim.decay_steps": 50000, "trainer.accelerator": "gpu", "trainer.max_steps": 250000,
+             "trainer.val_check_interval": 5000, "trainer.precision": "32-true"},
+        ),
+        # The boundaries: no decay, no clipping, seed 0 (integers given where floats are meant).
+        (
+            ["optim.decay_rate=1", "trainer.gradient_clip_val=0", "seed=0"],
+            {"optim.decay_rate": 1.0, "trainer.gradient_clip_val": 0.0, "seed": 0},
+        ),
+        # A fixed crop as a tuple; a float validation interval (a fraction of an epoch) stays a float.
+        (
+            ["data.crop=[32,32]", "trainer.val_check_interval=1.0"],
+            {"data.crop": (32, 32), "data.random_crop": None, "trainer.val_check_interval": 1.0},
+        ),
+    ],
+)  # fmt: skip
+def test_good_configs_pass(overrides, parsed):
+    """Each config parses, to the values it gives (with their types: a float stays a float, lists become tuples)."""
+    settings = read_run_settings(compose_config(*overrides))
+    got = {key: operator.attrgetter(key)(settings) for key in parsed}
+    assert got == parsed
+    assert all(type(got[key]) is type(value) for key, value in parsed.items()), {k: type(v) for k, v in got.items()}
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,8 @@
 """The training progress bar (`runs/callbacks.py`, `TrainingProgressBar`): under a time budget it reads
-training time against `trainer.max_time`, the time left and the steps done; and a real tiny run under
-a time budget shows that bar and prints no library warning on stderr (`core/process.py`)."""
+training time against `trainer.max_time`, the time left and the steps done; a real tiny run under a time
+budget shows that bar step by step (its training time a clock of steps, `helpers.step_clock`, so the
+readings are known on any machine); and a real run started as a user starts it shows the bar and prints
+no library warning on stderr (`core/process.py`), stopped by its step count, not by the clock."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import os
 import re
 from types import SimpleNamespace
 
-from helpers import TINY_OVERRIDES, run_module
+from helpers import TINY_OVERRIDES, run_in_process, run_module
+from helpers.step_clock import install_step_clock
 
 from pola_gnt.core.paths import PROJECT_ROOT
 from pola_gnt.runs.callbacks import BudgetTqdm, TrainingProgressBar, budget_text, clock
@@ -49,10 +52,13 @@ def test_the_training_bar_reads_time_against_the_budget():
     assert text.endswith("| 0:54 / 2:00, 1:06 left, step 312 (5.78/s), train/psnr=18.40")
 
 
-def test_a_time_budget_run_shows_the_budget_bar_and_no_warnings(tmp_path):
-    """One real run, as a user starts it (no shape checks, which only the tests switch on)."""
-    env = {name: value for name, value in os.environ.items() if name != "POLA_GNT_CHECK_SHAPES"}
-    result = run_module(
+BAR_READING = r"Training: +(\d+)%\|[^|\r\n]*\| (\d+:\d\d) / {budget}, (\d+:\d\d) left, step (\d+)"
+
+
+def test_a_time_budget_run_reads_its_steps_against_the_budget(tmp_path, monkeypatch):
+    """3 s at 1 s a step: the bar reads 0:01, 0:02 and 0:03 of 0:03 at steps 1, 2 and 3, then stops."""
+    install_step_clock(monkeypatch, seconds_per_step=1.0)
+    result = run_in_process(
         "train",
         *TINY_OVERRIDES,
         "trainer.max_steps=1000000",
@@ -60,13 +66,32 @@ def test_a_time_budget_run_shows_the_budget_bar_and_no_warnings(tmp_path):
         "trainer.val_check_interval=1000",
         "output.save_images=false",
         f"hydra.run.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    readings = re.findall(BAR_READING.format(budget="0:03"), result.stdout)
+    after_steps = sorted({reading for reading in readings if reading[3] != "0"}, key=lambda reading: int(reading[3]))
+    assert after_steps == [("33", "0:01", "0:02", "1"), ("67", "0:02", "0:01", "2"), ("100", "0:03", "0:00", "3")]
+
+
+def test_a_time_budget_run_shows_the_budget_bar_and_no_warnings(tmp_path):
+    """One real run, as a user starts it (no shape checks, which only the tests switch on): a time
+    budget of an hour, which its 2 steps stop well before on any machine."""
+    env = {name: value for name, value in os.environ.items() if name != "POLA_GNT_CHECK_SHAPES"}
+    result = run_module(
+        "train",
+        *TINY_OVERRIDES,
+        "trainer.max_steps=2",
+        "trainer.max_time=00:01:00:00",
+        "trainer.val_check_interval=2",
+        "output.save_images=false",
+        f"hydra.run.dir={tmp_path}",
         env=env,
         cwd=PROJECT_ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    readings = re.findall(r"Training: +(\d+)%\|[^|\r\n]*\| (\d:\d\d) / 0:03, (\d:\d\d) left, step (\d+)", result.stdout)
+    readings = re.findall(BAR_READING.format(budget="1:00:00"), result.stdout)
     assert readings, result.stdout[-2000:]
-    assert readings[-1][0] == "100" and readings[-1][2] == "0:00" and int(readings[-1][3]) >= 1
+    assert readings[-1][3] == "2", readings[-1]
     noise = [line for line in result.stderr.splitlines() if re.search(r"warning|deprecated", line, re.IGNORECASE)]
     assert not noise, "\n".join(noise)
     assert "litlogger" not in result.stderr

@@ -3,12 +3,16 @@ one run per folder, full disks. Runs are tiny (see conftest.TINY_OVERRIDES) and 
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import ctypes
 import errno
 import os
+import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,9 +21,11 @@ import torch
 from helpers import CONFIG_DIR, TINY_OVERRIDES, assert_one_error_line, read_metrics, run_in_process, train_in_process
 from hydra import compose, initialize_config_dir
 
+from pola_gnt.attention import cpu_extension
 from pola_gnt.core.errors import RunStopped, UserError
 from pola_gnt.core.files import write_atomic
 from pola_gnt.core.paths import PROJECT_ROOT
+from pola_gnt.model import render_kernels
 from pola_gnt.runs.guards import TrainingGuard
 from pola_gnt.runs.run_folder import LOCK_NAME, NonFiniteError, RunLock, SafeCheckpointIO
 from pola_gnt.runs.system import GNTSystem
@@ -163,22 +169,29 @@ def _train_command(run_dir: Path, *extra: str) -> list[str]:
 
 
 def test_second_run_on_a_folder_refuses_and_a_killed_run_is_resumed(tmp_path):
+    errors = tempfile.TemporaryFile()  # the first run's stderr, for a failure's message (a file: a pipe could fill)
     first = subprocess.Popen(
         _train_command(tmp_path, "trainer.max_steps=400"),
         cwd=PROJECT_ROOT,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=errors,
     )
     try:
-        deadline = time.time() + 120
-        while not (tmp_path / "checkpoints" / "last.ckpt").is_file() and time.time() < deadline:
+        # Until its first checkpoint, however long that takes on a loaded machine (up to 10 minutes, no
+        # tighter deadline): the first run must still be running then, holding the folder.
+        deadline = time.monotonic() + 600
+        while not (tmp_path / "checkpoints" / "last.ckpt").is_file() and first.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint after 10 minutes"
             time.sleep(0.2)
+        errors.seek(0)
+        assert first.poll() is None, (first.returncode, errors.read().decode(errors="replace")[-3000:])
         # The second run (the command's `main` in this process: another process than the first's).
         second = run_in_process("train", *_train_arguments(tmp_path, "trainer.max_steps=400", "seed=4"))
         assert_one_error_line(second, f"pid {first.pid}")
     finally:
         first.kill()
         first.wait()
+        errors.close()
     assert (tmp_path / LOCK_NAME).exists()  # left by the killed run: stale
     (tmp_path / "checkpoints" / ".last.ckpt.half.tmp").write_bytes(b"half")  # a write cut short
     resumed = run_in_process("train", *_train_arguments(tmp_path, f"trainer.max_steps={MAX_STEPS}", "ckpt_path=last"))
@@ -231,20 +244,108 @@ def test_checkpoints_are_staged_in_their_folder_not_tmpdir(tmp_path, monkeypatch
     assert torch.load(tmp_path / "ckpt" / "a.ckpt", weights_only=False)["state_dict"]["w"].sum() == 2
 
 
+# Full and read-only disks, end to end: the train command's exit code 2 and one `error:` line, no
+# traceback, no temporary file left (its `main` in this process, where Hydra would print a traceback).
+# Without root's mounts (every machine): a file size limit makes a checkpoint write fail as on a full
+# disk, and a folder without write permission stands for a read-only one. With them (where a tmpfs can
+# be mounted): a real full and a real read-only file system.
+
+# A 1 MB file size limit: the run's checkpoints (3.2 MB at width 64) exceed it; its other files (config,
+# logs, images: under 40 kB) do not.
+_FILE_SIZE_LIMIT = 2**20
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int):
+    """RLIMIT_FSIZE for this process (for root and non-root alike; Python ignores SIGXFSZ, so a write
+    past the limit fails with EFBIG, `File too large`). The fused kernels are built first: their build
+    is no part of the test and writes larger files."""
+    cpu_extension.available(), render_kernels.available()
+    previous = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, previous[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, previous)
+
+
+class _CapabilityHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapabilitySets(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+@contextlib.contextmanager
+def root_obeys_folder_permissions():
+    """Run as root, this thread drops CAP_DAC_OVERRIDE from its effective capabilities (it stays
+    permitted, and comes back afterwards): root then obeys a folder's permissions as everyone does.
+    Nothing to do for other users."""
+    if os.geteuid() != 0:
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, sets = _CapabilityHeader(0x20080522, 0), (_CapabilitySets * 2)()  # _LINUX_CAPABILITY_VERSION_3
+    assert libc.capget(ctypes.byref(header), sets) == 0, os.strerror(ctypes.get_errno())
+    dac_override = 1 << 1  # CAP_DAC_OVERRIDE
+    sets[0].effective &= ~dac_override
+    assert libc.capset(ctypes.byref(header), sets) == 0, os.strerror(ctypes.get_errno())
+    try:
+        yield
+    finally:
+        sets[0].effective |= dac_override
+        assert libc.capset(ctypes.byref(header), sets) == 0, os.strerror(ctypes.get_errno())
+
+
+def _assert_one_disk_error(result) -> str:
+    lines = [line for line in result.stderr.strip().splitlines() if line.startswith("error:")]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return lines[0]
+
+
+def test_training_past_a_file_size_limit_is_one_line_as_a_full_disk(tmp_path):
+    run_dir = tmp_path / "run"
+    arguments = _train_arguments(run_dir, "trainer.max_steps=4", "model.net.width=64", "model.net.heads=2")
+    with file_size_limit(_FILE_SIZE_LIMIT):
+        result = run_in_process("train", *arguments)
+    line = _assert_one_disk_error(result)
+    assert "last.ckpt: cannot write (File too large)" in line and "MB needed" in line, line
+    assert "free some space or use another hydra.run.dir" in line, line
+    assert not list(run_dir.rglob("*.tmp")) and not list((run_dir / "checkpoints").iterdir())
+
+
+def test_training_into_a_folder_without_write_permission_is_one_line(tmp_path):
+    """For root as for anyone else (`root_obeys_folder_permissions`)."""
+    protected = tmp_path / "protected"
+    protected.mkdir()
+    protected.chmod(0o555)
+    try:
+        with root_obeys_folder_permissions():
+            result = run_in_process("train", *_train_arguments(protected / "run", "trainer.max_steps=4"))
+    finally:
+        protected.chmod(0o755)
+    line = _assert_one_disk_error(result)
+    assert "cannot write (Permission denied); no write permission: use another hydra.run.dir" in line, line
+    assert not list(protected.iterdir())
+
+
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 3 MB tmpfs (needs root); skipped where it cannot be mounted."""
+    """A 3 MB tmpfs (needs root); skipped where it cannot be mounted (the tests above cover the same
+    faults without a mount)."""
     mount_point = tmp_path / "disk"
     mount_point.mkdir()
     result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(mount_point)], capture_output=True)
     if result.returncode != 0:
-        pytest.skip("cannot mount a small tmpfs here")
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
     yield mount_point
     subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 @pytest.mark.parametrize("mode", ["full", "read-only"])
-def test_training_on_a_full_or_read_only_disk(small_disk, mode):
+def test_training_on_a_full_or_read_only_tmpfs(small_disk, mode):
     """The train command's `main` in this process: its exit code and what it wrote on stderr, where
     Hydra would print a traceback."""
     run_dir = small_disk / "run"
@@ -255,14 +356,12 @@ def test_training_on_a_full_or_read_only_disk(small_disk, mode):
         subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
         arguments = _train_arguments(run_dir / "sub", "trainer.max_steps=4")
     result = run_in_process("train", *arguments)
-    lines = [line for line in result.stderr.strip().splitlines() if line.startswith("error:")]
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    line = _assert_one_disk_error(result)
     if mode == "full":
-        assert "No space left on device" in lines[0] and "needed" in lines[0]
+        assert "No space left on device" in line and "needed" in line
         assert not list(run_dir.rglob("*.tmp"))
     else:
-        assert "Read-only file system" in lines[0]
+        assert "Read-only file system" in line
 
 
 def test_metrics_json_is_strict_json_with_null_reasons(tmp_path):

@@ -1,7 +1,11 @@
 """The rendering network's fused pieces against their definitions: the oneDNN linear layers with their
 epilogues (`model.fused_linear`), the C++ render kernels (`model.render_kernels`: each against its
 PyTorch form in fp64, fp32 and bf16), every block's keys and values in one matmul, and `render_rays`
-with several chunks at once (the same pixels, cancellation, progress, the worker count)."""
+with several chunks at once (the same pixels, cancellation, progress, the worker count).
+
+Each kernel test counts the kernel's calls (`helpers.kernel_calls`): a build that failed, or an input
+the kernel does not take, would otherwise compare the PyTorch form with itself. Where the kernels
+cannot be built the file skips, which CI turns into failures (conftest's `CI_ALLOWED_SKIPS`)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.kernel_calls import count_kernel_calls
 from torch import nn
 
 from pola_gnt.attention.modules import SoftmaxRayAttention, SubtractionViewAttention, keys_values_with_directions
@@ -28,6 +33,12 @@ pytestmark = pytest.mark.skipif(not render_kernels.available(), reason="no C++ c
 
 def _pytorch_forms(monkeypatch) -> None:
     monkeypatch.setattr(render_kernels, "_built", False)
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Calls of the render kernels' operators during the test, by operator."""
+    return count_kernel_calls(monkeypatch, "pola_gnt_render")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -97,7 +108,7 @@ def _token_inputs_pytorch(monkeypatch, *args, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_view_token_inputs_kernel_equals_its_definition(monkeypatch, dtype):
+def test_the_view_token_inputs_kernel_equals_its_definition(monkeypatch, kernel_calls, dtype):
     """grid_sample's bilinear read (border padding, align_corners) of the projected maps, the colour
     term and the bias, ReLU, in the token layout: against the PyTorch form in fp64."""
     case = _token_inputs_case()
@@ -107,11 +118,12 @@ def test_the_view_token_inputs_kernel_equals_its_definition(monkeypatch, dtype):
             monkeypatch, *(t.double() if t.is_floating_point() else t for t in case), dtype=torch.float64
         )
     assert got.shape == (400, 3, 32) and got.dtype == dtype
+    assert kernel_calls == {"view_token_inputs": 1}
     tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2**-8, "atol": 1e-2}
     torch.testing.assert_close(got.double(), exact, **tolerance)
 
 
-def test_masked_max_over_views_is_exact_and_zero_where_no_view_sees(monkeypatch):
+def test_masked_max_over_views_is_exact_and_zero_where_no_view_sees(monkeypatch, kernel_calls):
     generator = torch.Generator().manual_seed(4)
     tokens = torch.randn(300, 4, 32, generator=generator).bfloat16()
     mask = torch.rand(300, 4, generator=generator) > 0.5
@@ -122,12 +134,13 @@ def test_masked_max_over_views_is_exact_and_zero_where_no_view_sees(monkeypatch)
             _pytorch_forms(patch)
             expected = render_kernels.masked_max_over_views(tokens, mask)
     assert torch.equal(got, expected) and got.dtype == torch.bfloat16
+    assert kernel_calls == {"masked_max_views": 1}
     assert torch.equal(got[:5], torch.zeros(5, 32, dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize("width", [32, 48])  # 32: a compiled width; 48: any width
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_layer_norm_rows_equals_layer_norm_of_the_sum(dtype, width):
+def test_layer_norm_rows_equals_layer_norm_of_the_sum(kernel_calls, dtype, width):
     generator = torch.Generator().manual_seed(5)
     norm = nn.LayerNorm(width)
     with torch.no_grad():
@@ -139,6 +152,7 @@ def test_layer_norm_rows_equals_layer_norm_of_the_sum(dtype, width):
         normed, same = render_kernels.layer_norm(norm, x)
         normed_sum, summed = render_kernels.layer_norm(norm, x, residual)
     assert same is x and normed.dtype == dtype
+    assert kernel_calls == {"layer_norm_rows": 2}
     assert torch.equal(summed, x + residual)  # the sum rounded as a separate add rounds it
     exact_norm = nn.LayerNorm(width).double()
     exact_norm.load_state_dict(norm.state_dict())
@@ -149,7 +163,7 @@ def test_layer_norm_rows_equals_layer_norm_of_the_sum(dtype, width):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_subtraction_attention_kernel_equals_the_module(dtype):
+def test_the_subtraction_attention_kernel_equals_the_module(kernel_calls, dtype):
     """GNT's view attention from its keys and values: the fused kernel against the module's forward in
     fp64, with points that see no view (the attention gives them zeros, so the output layer its bias)
     and keys and values read in place from a wider tensor, as the fast network passes them."""
@@ -168,13 +182,14 @@ def test_the_subtraction_attention_kernel_equals_the_module(dtype):
         got = render_kernels.view_attention(attention, query.to(dtype), wider.to(dtype), mask)
     assert got.dtype == dtype and torch.isfinite(got).all()
     assert torch.equal(got[:7], attention.out_fc.bias.expand(7, 32))
+    assert kernel_calls == {"subtraction_view_attention": 1}
     tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2**-6, "atol": 0.05}
     torch.testing.assert_close(got.double(), exact, **tolerance)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads, samples", [(4, 32), (2, 7), (8, 32)])
-def test_the_softmax_ray_attention_kernel_equals_the_module(dtype, heads, samples):
+def test_the_softmax_ray_attention_kernel_equals_the_module(kernel_calls, dtype, heads, samples):
     """GNT's ray attention: the fused kernel between the projections against the module's forward in
     fp64, with rays whose mask keeps no sample (zeros, so the output projection's bias) and rays that
     keep one."""
@@ -193,6 +208,7 @@ def test_the_softmax_ray_attention_kernel_equals_the_module(dtype, heads, sample
         got = render_kernels.ray_attention(attention, tokens.to(dtype), mask)
     assert got.dtype == dtype and torch.isfinite(got).all()
     assert torch.equal(got[:3], attention.proj.bias.expand(3, samples, 32))
+    assert kernel_calls == {"softmax_ray_attention": 1}
     tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2**-6, "atol": 0.05}
     torch.testing.assert_close(got.double(), exact, **tolerance)
 
@@ -219,7 +235,7 @@ def test_every_blocks_keys_and_values_in_one_matmul():
 
 
 @pytest.mark.parametrize("fast", [False, True])
-def test_chunks_rendered_at_once_give_the_same_pixels(fast):
+def test_chunks_rendered_at_once_give_the_same_pixels(kernel_calls, fast):
     """Each chunk is computed as it would be alone, on one thread: workers change no pixel (fp32
     network and bf16 fast network), and the caller's thread count comes back afterwards."""
     net = _net("pola_gnt")
@@ -234,6 +250,7 @@ def test_chunks_rendered_at_once_give_the_same_pixels(fast):
     assert torch.equal(alone[0], together[0]) and torch.equal(alone[1], together[1])
     assert torch.get_num_threads() == threads
     assert progress == [(min(start + 100, len(rays)), len(rays)) for start in range(0, len(rays), 100)]
+    assert bool(kernel_calls) == fast  # the fast network through the kernels, in every worker
 
 
 def test_tiles_cover_every_pixel_once_in_squares():

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.kernel_calls import count_kernel_calls
 
 from pola_gnt.attention import cpu_extension
 from pola_gnt.attention.ray.cpu_form import samples_conv_cpu
@@ -208,11 +209,28 @@ def test_the_projection_of_the_feature_maps_commutes_with_the_bilinear_read():
 @pytest.fixture(params=["fused", "pytorch"])
 def kernel_forms(request, monkeypatch):
     """bf16 through the fused C++ kernels (the attention's and the renderer's) and, as where they cannot
-    be built, through the PyTorch forms."""
+    be built, through the PyTorch forms. The fused case fails where the kernels did not run (a failed
+    build falls back to the PyTorch forms without an error); the PyTorch case where they did."""
+    calls = count_kernel_calls(monkeypatch, "pola_gnt_cpu", "pola_gnt_render")
     if request.param == "pytorch":
         monkeypatch.setattr(cpu_extension, "usable", lambda *args, **kwargs: False)
         monkeypatch.setattr(render_kernels, "_built", False)
-    return request.param
+    yield request.param
+    if request.param == "fused":
+        missing = FUSED_KERNELS[request.node.callspec.params["kind"]] - set(calls)
+        assert not missing, f"fused: {sorted(missing)} not called (kernels called {dict(calls)})"
+    else:
+        assert not calls, f"pytorch: kernels called {dict(calls)}"
+
+
+# The C++ operators a network's forward calls in the fused case, whatever its read-out (which may add
+# others, such as the consistency prior's): the render kernels of every network (`model.render_kernels`)
+# and its attentions' (Pola-GNT's `attention.cpu_extension`, GNT's in the render kernels).
+_EVERY_NETWORK = {"sample_geometry", "view_token_inputs", "masked_max_views", "layer_norm_rows"}
+FUSED_KERNELS = {
+    "pola_gnt": _EVERY_NETWORK | {"view_forward", "ray_forward", "samples_conv_forward"},
+    "gnt": _EVERY_NETWORK | {"subtraction_view_attention", "softmax_ray_attention"},
+}
 
 
 @pytest.mark.parametrize("kind", ["pola_gnt", "gnt"])
