@@ -41,11 +41,6 @@ CI_ALLOWED_SKIPS: dict[str, str] = {
     # in that child the parent test itself is the one skipped.
     r"runs in the file's TRITON_INTERPRET=1 child pytest": "run and checked in the interpreter child instead",
     r"this is the interpreter run": "the parent's check of the child, not run inside the child",
-    # test_reliability.py: the full and read-only disk faults run without a mount everywhere (a file size
-    # limit, a folder the process cannot write); the tmpfs variant needs root's mount in addition.
-    r"cannot mount a small tmpfs here": "the same faults are tested without a mount (test_reliability.py)",
-    # test_viewer.py: a system browser, not a Python package the CI's pip installs.
-    r"no Chromium at ": "a system package (apt-get install chromium); the viewer's other tests still run",
 }
 
 
