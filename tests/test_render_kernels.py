@@ -23,7 +23,7 @@ from pola_gnt.model import render_kernels
 from pola_gnt.model.fused_linear import FusedLinear, fuse_linear_layers, fused_linear
 from pola_gnt.model.inference import FastRenderNetwork, ViewKeysValues
 from pola_gnt.model.render_memory import bytes_per_ray, render_workers
-from pola_gnt.model.renderer import RenderCancelled, render_image, render_rays, tile_order
+from pola_gnt.model.renderer import RenderCancelled, chunk_threads, render_image, render_rays, tile_order
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.model.settings import RenderSettings
 from tests.test_render_precision import _net, _rig
@@ -274,6 +274,35 @@ def test_an_image_rendered_in_tiles_is_the_image_in_row_order(fast):
         network, torch.eye(4), intrinsics, 40, 48, sources, (1.0, 12.0), DepthSampler(16), 100, workers=2
     )
     assert torch.equal(tiled.rgb, rows[0].reshape(40, 48, 3)) and torch.equal(tiled.depth, rows[1].reshape(40, 48))
+
+
+def test_work_done_ahead_of_a_render_runs_on_a_chunks_threads(monkeypatch):
+    """`chunk_threads(workers)`: the intra-op threads a chunk of `render_rays` runs on (one where several
+    workers render at once, the process's otherwise), restored afterwards; the prior's per-image part
+    computed ahead of a render takes them, so its convolutions sum in a chunk's order (on fern at 2
+    threads, computing it on both threads moved fp32 colours by 6e-7, on one it was bit for bit)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        net = _net("gnt")
+        sources, rays, _ = _rig(net)
+        seen = []
+        forward = type(net).forward
+
+        def recording_forward(self, *args, **kwargs):
+            seen.append(torch.get_num_threads())
+            return forward(self, *args, **kwargs)
+
+        monkeypatch.setattr(type(net), "forward", recording_forward)
+        render_rays(net, rays, sources, (1.0, 12.0), DepthSampler(16), 100, workers=2)
+        assert set(seen) == {1}
+        with chunk_threads(2):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with chunk_threads(1):
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_a_cancelled_render_stops_between_chunks():

@@ -17,7 +17,7 @@ from pola_gnt.evaluation.scoring import colorize_depth
 from pola_gnt.geometry.camera_paths import fov_from_focal
 from pola_gnt.model.consistency_prior import PriorImageCache
 from pola_gnt.model.gnt import SourceViews
-from pola_gnt.model.renderer import RenderedImage, RenderNetwork
+from pola_gnt.model.renderer import RenderedImage, RenderNetwork, chunk_threads
 
 
 def scene_fov(scene: Scene) -> float:
@@ -33,10 +33,11 @@ def frame_source_views(scene: Scene, c2w: Tensor, count: int) -> list[int]:
 class EncodedViews:
     """Source views with their encoder features and the read-out prior's per-image part (`PriorImage`),
     computed once per training view and kept: a fly-through keeps most of its nearest cameras from one
-    frame to the next."""
+    frame to the next. `workers`: the renders' (`render_rays`), whose chunk's threads the prior's part
+    is computed on (`chunk_threads`: the bits a chunk computing it would get)."""
 
-    def __init__(self, net: RenderNetwork, scene: Scene, device: torch.device):
-        self.net, self.scene, self.device = net, scene, device
+    def __init__(self, net: RenderNetwork, scene: Scene, device: torch.device, workers: int = 1):
+        self.net, self.scene, self.device, self.workers = net, scene, device, workers
         self.images: dict[int, Tensor] = {}  # view -> [3, H, W]
         self.features: dict[int, Tensor] = {}  # view -> [C, h, w]
         self.prior = PriorImageCache()  # view -> PriorImage
@@ -59,7 +60,8 @@ class EncodedViews:
             c2w=cameras.c2w[views].to(self.device),
             intrinsics=cameras.intrinsics[views].to(self.device),
         )
-        prior = [self.prior.get(v, lambda v=v: self.net.prior_image(self.images[v][None])) for v in views]
+        with chunk_threads(self.workers):
+            prior = [self.prior.get(v, lambda v=v: self.net.prior_image(self.images[v][None])) for v in views]
         sources.keep_prior_images(self.net, prior)
         return sources
 

@@ -95,7 +95,7 @@ def render_frames(
     depend on its camera alone (same chunks, same order), so any subset renders as in a whole run.
     `workers`: chunks rendered at once (`render_rays`; the same pixels)."""
     intrinsics = fov_intrinsics(path.fov, path.height, path.width).to(fabric.device)  # [frames, 3, 3]
-    encoded = EncodedViews(net, scene, fabric.device)  # each training view encoded once per video
+    encoded = EncodedViews(net, scene, fabric.device, workers)  # each training view encoded once per video
     for index in range(len(path)) if frames is None else frames:
         c2w = path.c2w[index]
         with fabric.autocast():

@@ -126,7 +126,7 @@ class ViewRenderer:
     ):
         self.net, self.scene, self.sampler, self.fabric = net, scene, sampler, fabric
         self.num_source_views, self.chunk_rays, self.workers = num_source_views, chunk_rays, workers
-        self.encoded = EncodedViews(net, scene, fabric.device)
+        self.encoded = EncodedViews(net, scene, fabric.device, workers)
         self.lock = threading.Lock()  # one render at a time: the tabs share the CPU and the encoded views
         # Depth colours as in the videos: the scene's normalised near/far bounds.
         self.depth_range = float(scene.bounds.min()), float(scene.bounds.max())

@@ -32,16 +32,26 @@ class RenderCancelled(Exception):
 
 
 @contextmanager
+def chunk_threads(workers: int) -> Iterator[None]:
+    """Torch operations inside run on the threads a render chunk has: one where `workers` chunks render
+    at once, else the process's. For work a chunk would otherwise do on first use, done ahead of the
+    render (a source image's prior part, `SourceViews.keep_prior_images`): a CPU convolution's order of
+    sums follows its thread count, so the same threads give the same bits."""
+    threads = torch.get_num_threads()
+    if workers > 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextmanager
 def _single_threaded_workers(workers: int) -> Iterator[ThreadPoolExecutor]:
     """A pool of `workers` threads whose torch operations each run on one thread (the process's thread
     count is restored afterwards). Threads started while the count is 1 take it as theirs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with ThreadPoolExecutor(workers, thread_name_prefix="render") as pool:
-            yield pool
-    finally:
-        torch.set_num_threads(threads)
+    with chunk_threads(workers), ThreadPoolExecutor(workers, thread_name_prefix="render") as pool:
+        yield pool
 
 
 @torch.inference_mode()

@@ -39,7 +39,7 @@ from pola_gnt.model.inference import (
     resolve_render_precision,
 )
 from pola_gnt.model.render_memory import budget_chunk_rays, render_workers
-from pola_gnt.model.renderer import render_image
+from pola_gnt.model.renderer import chunk_threads, render_image
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.checkpoints import (
     TRAINING_RECORD,
@@ -240,13 +240,15 @@ class GNTSystem(pl.LightningModule):
         network = self._rendering or self.net
         views = settings.data.num_source_views
         chunk_rays = budget_chunk_rays(settings.render, settings.model.net, views, self.device)
+        workers = render_workers(settings.render, settings.model.net, views, chunk_rays, self.device)
         sources = network.source_views(batch.sources.images, batch.sources.c2w, batch.sources.intrinsics)
         # The read-out prior's part of each source image, once per test phase (the test views share sources).
         images = batch.sources.images
-        prior = [
-            self._prior_images.get(int(view), lambda i=i: network.prior_image(images[i : i + 1]))
-            for i, view in enumerate(batch.sources.ids)
-        ]
+        with chunk_threads(workers):
+            prior = [
+                self._prior_images.get(int(view), lambda i=i: network.prior_image(images[i : i + 1]))
+                for i, view in enumerate(batch.sources.ids)
+            ]
         sources.keep_prior_images(network, prior)
         rendered = render_image(
             network,
@@ -259,7 +261,7 @@ class GNTSystem(pl.LightningModule):
             self.sampler,
             chunk_rays,
             stride=render_stride(settings.metrics.protocols),
-            workers=render_workers(settings.render, settings.model.net, views, chunk_rays, self.device),
+            workers=workers,
         )
         # One render scored by every protocol: each takes its own pixels of it (every 2nd for GNT's), the
         # first protocol's views are the ones kept for the PNGs.

@@ -54,7 +54,7 @@ def render_views(trained: TrainedCheckpoint, scene: Scene, fabric: Fabric) -> li
         f"{workers} at once",
         flush=True,
     )
-    encoded = EncodedViews(net, scene, fabric.device)
+    encoded = EncodedViews(net, scene, fabric.device, workers)
     rendered = []
     with tqdm(total=len(views), desc="rendering", unit="view", dynamic_ncols=True) as bar:
         for view in views:
