@@ -16,6 +16,7 @@ from lightning_fabric import Fabric
 from omegaconf import OmegaConf
 
 from pola_gnt.apps.frames import frame_source_views
+from pola_gnt.apps.trained_runs import load_trained_checkpoint
 from pola_gnt.apps.video import (
     DEPTH_VIDEO,
     FRAMES_FOLDER,
@@ -23,6 +24,7 @@ from pola_gnt.apps.video import (
     render_frames,
     scaled_intrinsics,
     video_camera_path,
+    write_path_videos,
     write_videos,
 )
 from pola_gnt.core.errors import UserError
@@ -34,10 +36,10 @@ from pola_gnt.evaluation.image_metrics import mse_to_psnr
 from pola_gnt.geometry.camera_paths import focus_depth, interpolate_path, spiral_path
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 from pola_gnt.model.render_memory import CPU_BUDGET_MB, CPU_PASS_MB, budget_chunk_rays, bytes_per_ray
-from pola_gnt.model.renderer import RenderedImage, render_image
+from pola_gnt.model.renderer import RenderCancelled, RenderedImage, render_image
 from pola_gnt.runs.checkpoints import read_checkpoint
 from pola_gnt.runs.config.read import read_run_settings, read_video_settings
-from pola_gnt.runs.config.stored import stored_run_config
+from pola_gnt.runs.config.stored import stored_run_config, trained_run_config
 
 VIDEO_FACTOR = 64  # the demo scene at 63 x 47: fast, and odd sides exercise the even padding
 VIDEO_FRAMES = 5
@@ -175,6 +177,33 @@ def test_interrupted_render_leaves_no_video(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         write_videos(frames(), tmp_path, fps=10, crf=18, depth_range=(1.0, 5.0))
     assert list(tmp_path.iterdir()) == []  # neither the final names nor the temporary files
+
+
+def test_a_cancelled_path_video_keeps_its_frames_and_the_same_call_resumes(tiny_runs, tmp_path):
+    """`write_path_videos(cancelled=)` (the viewer's video, stopped with the viewer): asked after each
+    frame, it stops with the frames so far kept and no mp4; the same call renders the rest and encodes
+    all of them, the kept frame untouched."""
+    checkpoint = tiny_runs["pola_gnt"] / "checkpoints" / "last.ckpt"
+    overrides = [f"ckpt_path={checkpoint}", f"data.factor={VIDEO_FACTOR}", "video.frames=3"]
+    trained = load_trained_checkpoint(trained_run_config(compose_config(*overrides), tmp_path, overrides))
+    scene = load_scene(trained.settings.scene, trained.settings.data)
+    path = video_camera_path(scene, trained.settings.video)
+    fabric, out_dir = Fabric(accelerator="cpu", devices=1), tmp_path / "video"
+    asked = []
+
+    def cancelled() -> bool:
+        asked.append(1)
+        return True
+
+    with pytest.raises(RenderCancelled):
+        write_path_videos(trained, scene, path, out_dir, fabric, crf=18, chunk_rays=4096, cancelled=cancelled)
+    first = sorted((out_dir / FRAMES_FOLDER / "rgb").iterdir())
+    assert len(asked) == 1 and len(first) == 1
+    assert not (out_dir / RGB_VIDEO).exists() and not (out_dir / DEPTH_VIDEO).exists()
+    kept = first[0].stat().st_mtime_ns
+    write_path_videos(trained, scene, path, out_dir, fabric, crf=18, chunk_rays=4096, cancelled=lambda: False)
+    assert len(list((out_dir / FRAMES_FOLDER / "rgb").iterdir())) == 3 and first[0].stat().st_mtime_ns == kept
+    assert len(read_video(out_dir / RGB_VIDEO)[1]) == 3
 
 
 @pytest.fixture(scope="module")

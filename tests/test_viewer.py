@@ -275,6 +275,35 @@ def test_a_render_error_is_shown_and_the_server_goes_on(app, monkeypatch, caplog
         view.close()
 
 
+def test_stopping_the_viewer_stops_its_video_after_a_frame_and_keeps_the_frames(tiny_runs, tmp_path):
+    """A video rendering from the page's button when the viewer stops (Ctrl-C): `stop` ends it after its
+    current frame and waits for it, so no render outlives the interpreter; its frames stay in its run
+    folder, no mp4 is written."""
+    checkpoint = tiny_runs["pola_gnt"] / "checkpoints" / "last.ckpt"
+    overrides = [f"ckpt_path={checkpoint}", f"data.factor={FACTOR}", "view.port=0"]
+    run = trained_run_config(compose_config(*overrides), tmp_path, overrides)
+    viewer = start_viewer(run, tmp_path, str(checkpoint))
+    try:
+        scene = viewer.renderer.scene
+        first, second = (scene.cameras.c2w[scene.train_ids[i]] for i in (0, 3))
+        view = ClientView(viewer, FakeClient(viewer, FakeCamera(first, scene_fov(scene), 4 / 3)))
+        view.mode.value = "Nothing"  # the video alone renders
+        view.add_keyframe()
+        view.client.camera = FakeCamera(second, scene_fov(scene), 4 / 3)
+        view.add_keyframe()
+        view.duration.value, view.fps.value = 20.0, 10  # 200 frames: far more than one stop's wait
+        view.path_file.value = str(tmp_path / "path.json")
+        view.report(view.render_video)
+        assert "rendering 200 frames" in view.status.content
+        frames = tmp_path / "videos"
+        wait_for(lambda: any(frames.glob("*/frames/rgb/*.png")))
+    finally:
+        viewer.stop()
+    assert viewer.video_threads and not any(thread.is_alive() for thread in viewer.video_threads)
+    kept = list(frames.glob("*/frames/rgb/*.png"))
+    assert 1 <= len(kept) < 200 and not list(frames.glob("*/*.mp4"))
+
+
 def test_recorded_keyframes_save_a_camera_path(app, tmp_path):
     scene = app.renderer.scene
     first, second = (scene.cameras.c2w[scene.train_ids[i]] for i in (0, 3))

@@ -30,7 +30,7 @@ from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.geometry.camera_paths import fov_intrinsics, interpolate_path, spiral_path
 from pola_gnt.model.inference import FastRenderNetwork
 from pola_gnt.model.render_memory import budget_chunk_rays, render_workers
-from pola_gnt.model.renderer import RenderedImage, RenderNetwork, render_image
+from pola_gnt.model.renderer import RenderCancelled, RenderedImage, RenderNetwork, render_image
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.config.stored import TrainedRunConfig
 from pola_gnt.runs.settings import RunSettings, VideoSettings
@@ -266,10 +266,18 @@ def _workers(config: RunSettings, chunk_rays: int, fabric: Fabric) -> int:
 
 
 def write_path_videos(
-    trained: TrainedCheckpoint, scene: Scene, path: CameraPath, out_dir: Path, fabric: Fabric, crf: int, chunk_rays: int
+    trained: TrainedCheckpoint,
+    scene: Scene,
+    path: CameraPath,
+    out_dir: Path,
+    fabric: Fabric,
+    crf: int,
+    chunk_rays: int,
+    cancelled: Callable[[], bool] | None = None,
 ) -> tuple[Path, Path]:
     """Render the frames of `path` not yet in `<out_dir>/frames/` (each kept there as it is
-    rendered), then encode the two mp4s from all of them."""
+    rendered), then encode the two mp4s from all of them. `cancelled()` is asked after each frame:
+    true stops with `RenderCancelled`, the frames so far kept (the same call resumes after them)."""
     config = trained.settings
     trained.system.net.to(fabric.device).eval()
     net = trained.system.rendering_network(fabric.device)
@@ -293,6 +301,8 @@ def write_path_videos(
         for index, frame in rendered:
             frames.write(index, *frame_images(frame, depth_range))
             progress.update()
+            if cancelled is not None and cancelled():
+                raise RenderCancelled
     return encode_videos((frames.read(index) for index in range(len(path))), out_dir, path.fps, crf)
 
 

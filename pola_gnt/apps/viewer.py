@@ -72,7 +72,7 @@ PATH_FILE = "camera_path.json"
 # redraws the page, which cost a software-WebGL browser on the same 2 CPU cores 13 s of CPU during a
 # 37 s full image when sent every 0.1 s (per chunk), against 5 s without progress.
 PROGRESS_INTERVAL_S = 1.0
-# `stop` waits this long for a view's render to stop: a chunk's time, cancelled before the next one.
+# `stop` waits this long for a render to stop: a view's is cancelled before its next chunk, a video's after its frame.
 STOP_TIMEOUT_S = 60.0
 # How long a tab's camera reports are taken for ones sent before the browser applied the opening
 # camera the server set (it answers within a fraction of a second): a stale report would restart the
@@ -384,7 +384,9 @@ class ClientView:
         path = self.recorded_path()
         out_dir = self.app.run_dir / "videos" / datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         self.save_path()
-        threading.Thread(target=self._render_video, args=(path, out_dir), daemon=True).start()
+        thread = threading.Thread(target=self._render_video, args=(path, out_dir), daemon=True)
+        self.app.video_threads.append(thread)
+        thread.start()
         return f"rendering {len(path)} frames to {out_dir} (progress in the terminal)"
 
     def _render_video(self, path: CameraPath, out_dir: Path) -> None:
@@ -397,8 +399,11 @@ class ClientView:
                 self.app.fabric,
                 crf=18,
                 chunk_rays=self.app.renderer.chunk_rays,
+                cancelled=lambda: self.app.stopping,
             )
             self.status.content = f"video written: {paths[0]}"
+        except RenderCancelled:  # the viewer is stopping
+            log.warning("video stopped with the viewer; its frames are kept in %s", out_dir)
         except Exception as err:  # the server goes on
             self._error(err)
 
@@ -576,6 +581,9 @@ class ViewerApp:
         opening = scene.cameras.c2w[scene.train_ids[0]]
         self.renderer.render(ViewCamera(opening, scene_fov(scene), 2, 2))
         self.clients: dict[int, ClientView] = {}
+        # Videos rendering (a tab's button); `stop` ends them after their current frame, frames kept.
+        self.video_threads: list[threading.Thread] = []
+        self.stopping = False
         self.connections = self.images_shown = 0  # tabs that connected, images sent (all tabs)
         self.exported = shown_subset(read_point_cloud(Path(settings.point_cloud))) if settings.point_cloud else None
         centres = scene.cameras.c2w[:, :3, 3]
@@ -643,12 +651,14 @@ class ViewerApp:
 
     def stop(self) -> None:
         """Close every view, wait for their renders to stop (a render in progress is cancelled before its
-        next chunk), then stop the server: a render left running would outlive the interpreter's shutdown."""
+        next chunk, a video after its current frame), then stop the server: a render left running would
+        outlive the interpreter's shutdown."""
+        self.stopping = True
         views = list(self.clients.values())
         for view in views:
             view.close()
-        for view in views:
-            view.thread.join(timeout=STOP_TIMEOUT_S)
+        for thread in [view.thread for view in views] + self.video_threads:
+            thread.join(timeout=STOP_TIMEOUT_S)
         self.server.stop()
 
 
