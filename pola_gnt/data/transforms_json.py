@@ -39,6 +39,7 @@ from pola_gnt.core.errors import UserError
 from pola_gnt.data.colmap import LLFF_PERCENTILES
 from pola_gnt.data.images import read_image
 from pola_gnt.data.llff import llffhold_split
+from pola_gnt.data.ply import read_ply_vertices
 from pola_gnt.data.scene import Scene, bounds_depth_range
 from pola_gnt.data.source_views import detect_rig, resolve_rig
 from pola_gnt.geometry.cameras import Cameras, normalise_poses
@@ -245,49 +246,12 @@ def read_points(folder: Path, document: dict[str, Any], file: Path) -> np.ndarra
     return read_ply_points(folder / name)
 
 
-PLY_TYPES = {
-    "float": "f4", "float32": "f4", "double": "f8", "float64": "f8", "uchar": "u1", "uint8": "u1",
-    "char": "i1", "int8": "i1", "ushort": "u2", "uint16": "u2", "short": "i2", "int16": "i2",
-    "uint": "u4", "uint32": "u4", "int": "i4", "int32": "i4",
-}  # fmt: skip
-
-
 def read_ply_points(file: Path) -> Float[np.ndarray, "points 3"]:
     """The `x y z` of a PLY file's vertices (ASCII or binary; the vertex element first, no list properties)."""
-    data = file.read_bytes()
-    end = data.find(b"end_header\n")
-    if not data.startswith(b"ply") or end < 0:
-        raise UserError(f"{file}: not a PLY file")
-    header = data[:end].decode("ascii", "replace").splitlines()
-    fmt, count, properties, element = "", 0, [], None
-    for line in header:
-        words = line.split()
-        if words[:1] == ["format"]:
-            fmt = words[1]
-        elif words[:1] == ["element"]:
-            element = words[1]
-            if element == "vertex":
-                count = int(words[2])
-        elif words[:1] == ["property"] and element == "vertex":
-            if words[1] == "list" or words[1] not in PLY_TYPES:
-                raise UserError(f"{file}: unsupported vertex property {' '.join(words[1:])!r}")
-            properties.append((words[2], PLY_TYPES[words[1]]))
-    names = [name for name, _ in properties]
-    if not {"x", "y", "z"} <= set(names) or count == 0:
+    columns = read_ply_vertices(file)
+    points = np.stack([columns[axis].astype(np.float64) for axis in "xyz"], axis=-1)
+    if len(points) == 0:
         raise UserError(f"{file}: no vertices with x, y, z")
-    body = data[end + len(b"end_header\n") :]
-    if fmt == "ascii":
-        rows = np.array([line.split()[: len(names)] for line in body.decode().splitlines()[:count]], dtype=np.float64)
-        points = rows[:, [names.index(axis) for axis in "xyz"]]
-    elif fmt in ("binary_little_endian", "binary_big_endian"):
-        order = "<" if fmt == "binary_little_endian" else ">"
-        dtype = np.dtype([(name, order + kind) for name, kind in properties])
-        if len(body) < count * dtype.itemsize:
-            raise UserError(f"{file}: truncated ({count} vertices announced)")
-        vertices = np.frombuffer(body, dtype=dtype, count=count)
-        points = np.stack([vertices[axis].astype(np.float64) for axis in "xyz"], axis=-1)
-    else:
-        raise UserError(f"{file}: unknown PLY format {fmt!r}")
     return points[np.all(np.isfinite(points), axis=-1)]
 
 
