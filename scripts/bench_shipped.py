@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from pola_gnt.core.errors import UserError, exit_on_user_error
+
 PARTS = ("frame", "view")
 SCENE_FACTORS = {"frame": 8, "view": 4}
 DEMO_FACTORS = {"frame": 32, "view": 16}
@@ -117,6 +119,7 @@ def table(rows: list[dict], models: list[str]) -> str:
     return "\n".join(lines)
 
 
+@exit_on_user_error
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["pola_gnt", "gnt"], choices=["pola_gnt", "gnt"])
@@ -127,8 +130,7 @@ def main() -> None:
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "PART"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.frames < 1:
-        print("error: --frames must be at least 1", file=sys.stderr)
-        sys.exit(2)
+        raise UserError("--frames must be at least 1")
     if args.child:
         print(json.dumps(measure(*args.child, args.scene, args.frames)))
         return
@@ -137,8 +139,9 @@ def main() -> None:
         for model in args.models:
             command = [sys.executable, __file__, "--scene", args.scene, "--frames", str(args.frames)]
             result = subprocess.run([*command, "--child", model, part], capture_output=True, text=True)
-            if result.returncode != 0:
-                sys.stderr.write(result.stderr)
+            if result.returncode != 0:  # its `error:` line (a bad scene, a missing data root), else all it said
+                errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+                sys.stderr.write("\n".join(errors[-1:]) + "\n" if errors else result.stderr)
                 sys.exit(result.returncode)
             rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
             print(f"{model} {part}: {rows[-1]['median_s']:.2f} s", flush=True)

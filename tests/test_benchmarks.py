@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
 import torch
-from helpers import load_script
+from helpers import assert_one_error_line, load_script
 
 from pola_gnt.attention.modules import PolaRayAttention, PolaViewAttention, SoftmaxRayAttention
+from pola_gnt.core.paths import PROJECT_ROOT
 
 
 def test_softmax_ray_attention_flops_include_the_quadratic_term():
@@ -153,3 +156,13 @@ def test_profile_models_ranks_both_models_operators(phase, capsys):
     )
     out = capsys.readouterr().out
     assert "gnt: top" in out and "pola_gnt: top" in out and "pola_gnt / gnt" in out
+
+
+def test_bench_shipped_bad_input_is_one_error_line():
+    """`scripts/bench_shipped.py`: a bad `--frames`, and a scene no config names (found in the child
+    process that measures it: its `error:` line passed on), each one line and exit 2."""
+    script = str(PROJECT_ROOT / "scripts" / "bench_shipped.py")
+    frames = subprocess.run([sys.executable, script, "--frames", "0"], capture_output=True, text=True)
+    assert_one_error_line(frames, "--frames must be at least 1")
+    scene = [sys.executable, script, "--scene", "nowhere", "--parts", "frame", "--models", "gnt"]
+    assert_one_error_line(subprocess.run(scene, capture_output=True, text=True), "scene/nowhere")
