@@ -24,6 +24,7 @@ from pola_gnt.evaluation.study import REFERENCES
 from pola_gnt.evaluation.study.benchmark_table import SCORED, SceneResult, table_rows
 from pola_gnt.evaluation.study.published import (
     GNT_CROSS_SCENE,
+    GNT_SINGLE_SCENE,
     IBRNET_FINETUNED,
     IBRNET_GENERALIZABLE,
     LLFF_SCENES,
@@ -368,6 +369,12 @@ def test_published_figures_are_the_papers_and_average_to_their_means():
     assert wrong is not None and abs(wrong.psnr - TENSORF.mean.psnr) > 0.1
     assert [f.key for f in figures_for("zero-shot")] == ["gnt_cross_scene", "ibrnet"]
     assert [f.key for f in figures_for("fine-tuned")] == ["ibrnet_finetuned"]
+    # GNT's single-scene table (InsertNeRF's reprint, checked by its mean above) is what per_scene shows.
+    assert GNT_SINGLE_SCENE.scene("fern") == Scores(24.31, 0.846, 0.116)
+    assert GNT_SINGLE_SCENE.scene("room") == Scores(32.96, 0.963, 0.060)
+    assert [f.key for f in figures_for("per-scene")] == ["gnt_single_scene", "tensorf"]
+    fern = table_rows([SceneResult("fern", SCORED, document=_document(24.0, 3))], figures_for("per-scene"))[0]
+    assert fern.published["gnt_single_scene"] == {"psnr": 24.31, "ssim": 0.846, "lpips": 0.116}
     # `report`'s single-scene references are the same figures, unchanged.
     assert [(r.label, r.psnr, r.ssim, r.lpips) for r in REFERENCES] == [
         ("GNT (paper, commonly quoted)", 27.24, 0.889, 0.093),
