@@ -25,12 +25,22 @@ def _onednn_linear_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+@functools.cache
+def _onednn_bf16_available() -> bool:
+    """oneDNN builds bf16 matmuls only for CPUs with AVX-512 (or AMX): on an AVX2 CPU (AMD EPYC Milan) its
+    bf16 primitive cannot be created at all, and `F.linear` computes them instead (slowly, which is why
+    `render.precision=auto` renders fp32 there)."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check()) if check is not None else False
+
+
 def _onednn(x: Tensor, weight: Tensor) -> bool:
     return (
         x.device.type == "cpu"
         and x.dtype in (torch.float32, torch.bfloat16)
         and x.dtype == weight.dtype
         and _onednn_linear_available()
+        and (x.dtype == torch.float32 or _onednn_bf16_available())
     )
 
 
