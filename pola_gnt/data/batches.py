@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from pola_gnt.geometry.rays import Rays
+from pola_gnt.geometry.rays import RayGrid, Rays
 
 
 @dataclass
@@ -42,6 +42,7 @@ class RayBatch:
     sources: SourceBatch
     sample_seed: int | None = None  # a training step's seed of its jittered depth samples; None: fixed samples
     step: int | None = None  # the global step a training batch belongs to
+    grid: RayGrid | None = None  # how the rays lie in patches of the image (data.ray_patch_size); None: one by one
 
 
 @dataclass

@@ -25,7 +25,7 @@ from pola_gnt.data.sampling import draw_crop, draw_crop_position, scaled_ray_cou
 from pola_gnt.data.scene import Scene
 from pola_gnt.data.settings import DataSettings
 from pola_gnt.data.source_views import nearest_views, random_training_views, scene_selection_points
-from pola_gnt.geometry.rays import pixel_coordinates, pixel_rays
+from pola_gnt.geometry.rays import RayGrid, patch_pixels, pixel_coordinates, pixel_rays
 
 
 def source_batch(scene: Scene, source_ids: list[int]) -> SourceBatch:
@@ -102,7 +102,18 @@ class TrainSteps(Dataset[TrainingBatch]):
         if data.scale_rays_with_views:  # GNT: rays x views about constant
             n_rays = scaled_ray_count(n_rays, data.num_source_views, len(source_ids))
         height, width = image.shape[:2]
-        chosen = torch.from_numpy(rng.choice(height * width, size=min(n_rays, height * width), replace=False))
+        grid = None
+        if data.ray_patch_size:
+            # The rays as square patches (a grid the prior's neighbours aggregate over), placed anywhere in the
+            # image (or crop); the windows' unit is the whole image's longer side, as a render of it has.
+            side = min(data.ray_patch_size, height, width)
+            count = max(1, n_rays // side**2)
+            tops = torch.from_numpy(rng.integers(0, height - side + 1, size=count))
+            lefts = torch.from_numpy(rng.integers(0, width - side + 1, size=count))
+            chosen = patch_pixels(tops, lefts, side, width)
+            grid = RayGrid(count, side, side, max(scene.resolution))
+        else:
+            chosen = torch.from_numpy(rng.choice(height * width, size=min(n_rays, height * width), replace=False))
         rays = pixel_rays(scene.cameras.c2w[target], intrinsics, pixel_coordinates(chosen, width))
         return RayBatch(
             view=target,
@@ -112,6 +123,7 @@ class TrainSteps(Dataset[TrainingBatch]):
             sources=sources,
             sample_seed=int(rng.integers(2**62)),  # drawn last: the model's depth jitter of this step
             step=step,
+            grid=grid,
         )
 
     def _crop_window(self, image_size: tuple[int, int], rng: np.random.Generator) -> tuple[int, int, int, int] | None:
@@ -194,7 +206,16 @@ class ValidationRays(Dataset[RayBatch]):
         view = scene.test_ids[0] if scene.test_ids else scene.train_ids[0]
         height, width = scene.resolution
         generator = torch.Generator().manual_seed(seed)
-        chosen = torch.randperm(height * width, generator=generator)[: data.val_rays]
+        grid = None
+        if data.ray_patch_size:  # patches, as training draws them
+            side = min(data.ray_patch_size, height, width)
+            count = max(1, data.val_rays // side**2)
+            tops = torch.randint(0, height - side + 1, (count,), generator=generator)
+            lefts = torch.randint(0, width - side + 1, (count,), generator=generator)
+            chosen = patch_pixels(tops, lefts, side, width)
+            grid = RayGrid(count, side, side, max(height, width))
+        else:
+            chosen = torch.randperm(height * width, generator=generator)[: data.val_rays]
         rays = pixel_rays(scene.cameras.c2w[view], scene.cameras.intrinsics[view], pixel_coordinates(chosen, width))
         return RayBatch(
             view=view,
@@ -202,6 +223,7 @@ class ValidationRays(Dataset[RayBatch]):
             depth_range=scene.depth_range,
             rgb=scene.images[view].reshape(-1, 3)[chosen],
             sources=source_batch(scene, eval_source_ids(scene, view, data.num_source_views)),
+            grid=grid,
         )
 
     def __len__(self) -> int:

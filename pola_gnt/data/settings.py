@@ -117,6 +117,9 @@ class DataSettings:
     target_as_source_rate: float  # GNT: the share of steps in which the target replaces one of its source views
     targets_per_step: int  # target views per step, each with its own sources, crop and rays (GNT: 1 per GPU)
     rays_per_step: int  # per target view
+    # training and validation rays as square patches of this side (their rays a grid the prior's neighbours
+    # aggregate over, model.neighbours): rays_per_step / side^2 patches a target; 0: rays drawn one by one
+    ray_patch_size: int
     crop: tuple[int, int] | None  # fixed [height, width] training crop
     random_crop: RandomCrop | None  # GNT's random-size training crop
     crop_placement: str  # anywhere | gnt (GNT's: 1 px from the top and left edges, 2 from the far ones)
@@ -156,6 +159,15 @@ class DataSettings:
         check_number(self.target_as_source_rate, f"{key}.target_as_source_rate", 0, 1, low_open=False)
         check_int(self.targets_per_step, f"{key}.targets_per_step")
         check_int(self.rays_per_step, f"{key}.rays_per_step")
+        check_int(self.ray_patch_size, f"{key}.ray_patch_size", minimum=0, why="0: rays one by one")
+        if self.ray_patch_size:
+            side, area = self.ray_patch_size, self.ray_patch_size**2
+            for name, rays in (("rays_per_step", self.rays_per_step), ("val_rays", self.val_rays)):
+                if rays < area:
+                    raise UserError(
+                        f"{key}.{name}: {rays} rays hold no {side} x {side} patch ({key}.ray_patch_size={side}); "
+                        f"give at least {area}, or a smaller {key}.ray_patch_size"
+                    )
         check_choice(self.crop_placement, f"{key}.crop_placement", CROP_PLACEMENTS)
         check_int(self.val_rays, f"{key}.val_rays")
         check_int(self.cache_mb, f"{key}.cache_mb")

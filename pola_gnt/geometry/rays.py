@@ -29,6 +29,37 @@ class Rays:
         return Rays(self.origins.to(device), self.directions.to(device))
 
 
+@dataclass(frozen=True)
+class RayGrid:
+    """How a batch's rays lie on pixel grids: `patches` grids of `rows` x `cols` rays one after another,
+    each row-major, neighbouring rays a pixel apart in an image whose longer side is `image_size` rays
+    (the unit of the prior's neighbour windows, `model.neighbours`). A full image is one patch; a training
+    step's rays are several (`data.ray_patch_size`)."""
+
+    patches: int
+    rows: int
+    cols: int
+    image_size: int
+
+    @property
+    def rays(self) -> int:
+        return self.patches * self.rows * self.cols
+
+    def radii(self, windows: tuple[float, ...]) -> list[int]:
+        """The half-widths in rays of `windows` (fractions of the image's longer side)."""
+        return [round(window * self.image_size) for window in windows]
+
+
+def patch_pixels(
+    tops: Int[Tensor, " patches"], lefts: Int[Tensor, " patches"], side: int, width: int
+) -> Int[Tensor, " rays"]:
+    """The row-major pixel indices of square patches of `side` pixels with these top-left corners, in an
+    image `width` pixels wide: patch after patch, each row-major (a `RayGrid`'s order)."""
+    rows = torch.arange(side, device=tops.device)
+    offsets = (rows[:, None] * width + rows[None, :]).reshape(-1)  # [side * side]
+    return (tops[:, None] * width + lefts[:, None] + offsets[None, :]).reshape(-1)
+
+
 def pixel_coordinates(indices: Int[Tensor, " n"], width: int) -> Float[Tensor, "n 2"]:
     """Integer pixel coordinates `(u, v)` = (column, row) of row-major pixel `indices` `[n]`: `[n, 2]`."""
     return torch.stack([indices % width, torch.div(indices, width, rounding_mode="floor")], dim=-1).float()

@@ -55,7 +55,7 @@ from torch import Tensor, nn
 
 from pola_gnt.attention.modules import SubtractionViewAttention
 from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
-from pola_gnt.geometry.rays import Rays, points_along_rays
+from pola_gnt.geometry.rays import RayGrid, Rays, points_along_rays
 from pola_gnt.model.backbone import AlexNetEncoder
 from pola_gnt.model.consistency_prior import (
     ConsistencyFeatures,
@@ -67,6 +67,7 @@ from pola_gnt.model.consistency_prior import (
     working_pyramid,
 )
 from pola_gnt.model.encoder import ImageEncoder
+from pola_gnt.model.neighbours import aggregate_spread
 from pola_gnt.model.settings import NetSettings
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
 
@@ -333,9 +334,15 @@ class GNTBlock(nn.Module):
         return tokens
 
 
+SampleAgreement = tuple[Float[Tensor, "rays samples 3"], Float[Tensor, "rays samples"]]
+"""What the source views say of each sample (`source_colour_statistics`): their mean colour and their spread."""
+
+
 def source_colour_statistics(
-    gathered: GatheredSamples, feature_weight: float = 0.0, view_angle_weighting: float = 0.0
-) -> tuple[Float[Tensor, "rays samples 3"], Float[Tensor, "rays samples"]]:
+    gathered: GatheredSamples,
+    feature_weight: float = 0.0,
+    view_angle_weighting: float = 0.0,
+) -> SampleAgreement:
     """What the source views say about each sample's colour: the mean RGB over the visible views
     (0 where no view sees the sample), and how much the views disagree about it, the standard
     deviation over the visible views averaged over the channels (the photo-consistency of multi-view
@@ -419,7 +426,12 @@ class PooledReadout(nn.Module):
     learned colour of the pooled token, whose layer starts at zero: training starts from the
     image-based render at the pooled depth (sharp where the depth is right, like IBRNet's blending)
     and learns the corrections (occlusions, view-dependent colour), instead of first having to carry
-    every colour through the transformer (GNT: the learned colour alone)."""
+    every colour through the transformer (GNT: the learned colour alone).
+
+    A positive `composite_temperature` T composites the scores front to back (`front_to_back_weights`):
+    the first sample the views agree about hides those behind it, as volume rendering's opacity does
+    (Soft3D, DeepView), instead of a softmax that weighs every consistent sample of the ray alike;
+    `composite_share` of the weights is composited, the rest the softmax's."""
 
     def __init__(
         self,
@@ -428,6 +440,8 @@ class PooledReadout(nn.Module):
         source_colour: bool = False,
         colour_residual: bool = True,
         score_bound: float = 0.0,
+        composite_temperature: float = 0.0,
+        composite_share: float = 1.0,
     ):
         super().__init__()
         if not (colour_residual or source_colour):
@@ -439,6 +453,7 @@ class PooledReadout(nn.Module):
         self.consistency_prior = consistency_prior
         self.source_colour = source_colour
         self.score_bound = score_bound
+        self.composite_temperature, self.composite_share = composite_temperature, composite_share
         # Zero scores = uniform weights (without the prior): training starts from GNT's mean over samples.
         nn.init.zeros_(self.score.weight)
         nn.init.zeros_(self.score.bias)
@@ -470,7 +485,11 @@ class PooledReadout(nn.Module):
             scores = scores - self.consistency_prior * source_colours[1].float()
         # Rays that no source view sees anywhere get uniform weights over all samples (finite output).
         usable = seen | ~seen.any(dim=-1, keepdim=True)
-        weights = torch.softmax(scores.masked_fill(~usable, float("-inf")), dim=-1)
+        scores = scores.masked_fill(~usable, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        if self.composite_temperature:
+            composited = front_to_back_weights(scores, self.composite_temperature)
+            weights = self.composite_share * composited + (1.0 - self.composite_share) * weights
         rgb = torch.zeros(weights.shape[0], 3, device=weights.device)
         if self.to_rgb is not None:
             pooled = (weights[..., None] * tokens.float()).sum(dim=1)  # [rays, width]
@@ -479,6 +498,18 @@ class PooledReadout(nn.Module):
             rgb = rgb + (weights[..., None] * source_colours[0].float()).sum(dim=1)
         depth = (weights * depths.float()).sum(dim=-1)
         return RayOutput(rgb=rgb, depth=depth, weights=weights, seen=seen)
+
+
+def front_to_back_weights(scores: Float[Tensor, "rays samples"], temperature: float) -> Float[Tensor, "rays samples"]:
+    """Pooling weights from `scores` (samples near to far, -inf where not usable) composited front to back:
+    each sample's opacity `alpha = exp((score - the ray's best score) / temperature)`, its weight alpha times
+    the light the samples in front of it let through, `prod (1 - alpha)`. The best sample's alpha is 1, so
+    nothing behind it counts and the weights sum to 1 exactly; a lower temperature makes every sample short
+    of the best more transparent. fp32."""
+    alpha = torch.exp((scores.float() - scores.float().amax(dim=-1, keepdim=True)) / temperature)
+    transmittance = torch.cumprod(1.0 - alpha, dim=-1)
+    before = torch.cat([torch.ones_like(transmittance[:, :1]), transmittance[:, :-1]], dim=-1)
+    return alpha * before
 
 
 class GNT(nn.Module):
@@ -525,7 +556,14 @@ class GNT(nn.Module):
             settings.readout_source_colour,
             settings.readout_colour_residual,
             settings.readout_score_bound,
+            settings.readout_composite_temperature,
+            settings.readout_composite_share,
         )
+        # The prior's aggregated spread as an input of the point tokens, zero-initialised (no change at first).
+        self.agreement_embedding = nn.Linear(1, width) if settings.readout_agreement_input else None
+        if self.agreement_embedding is not None:
+            nn.init.zeros_(self.agreement_embedding.weight)
+            nn.init.zeros_(self.agreement_embedding.bias)
         self.view_blend = SourceViewBlend(width) if settings.readout_view_blend else None
         self.consistency_features = (
             ConsistencyFeatures(
@@ -588,20 +626,66 @@ class GNT(nn.Module):
         total = sum(p.numel() for p in self.parameters())
         return {"encoder": encoder, "transformer": total - encoder}
 
-    def forward(self, rays: Rays, depths: Float[Tensor, "rays samples"], sources: SourceViews) -> RayOutput:
-        """Render `rays` (a chunk) at sample `depths` `[rays, samples]` from `sources`."""
-        n_rays, n_samples = depths.shape
-        points = points_along_rays(rays, depths)  # [rays, samples, 3]
-        gathered = gather_source_samples(
-            points,
+    def gather(
+        self, rays: Rays, depths: Float[Tensor, "rays samples"], sources: SourceViews, prior: bool = True
+    ) -> GatheredSamples:
+        """`gather_source_samples` of `rays` at `depths` as this network reads them (`prior`: with what the
+        read-out's prior reads besides the colours and features, where it has one)."""
+        settings = self.settings
+        reads_prior = prior and self.readout.needs_source_colours
+        return gather_source_samples(
+            points_along_rays(rays, depths),
             rays.origins,
             sources,
             self.gnt_compatible,
-            self.settings.readout_consistency_levels if self.readout.needs_source_colours else 0,
-            self.consistency_features,
+            settings.readout_consistency_levels if reads_prior else 0,
+            self.consistency_features if reads_prior else None,
             self.working_factor(sources.images),
         )
+
+    def agreement(self, gathered: GatheredSamples) -> SampleAgreement:
+        """What the source views say of each gathered sample (`source_colour_statistics` with this network's
+        prior), each ray alone."""
+        settings = self.settings
+        return source_colour_statistics(
+            gathered,
+            settings.readout_consistency_features,
+            settings.readout_view_angle_weighting,
+        )
+
+    def sample_agreement(
+        self, rays: Rays, depths: Float[Tensor, "rays samples"], sources: SourceViews
+    ) -> SampleAgreement:
+        """`agreement` of `rays` at `depths`, each ray alone: what a render aggregates over its whole image
+        before the network runs (`model.renderer`, `model.neighbours`)."""
+        return self.agreement(self.gather(rays, depths, sources))
+
+    def aggregate(self, agreement: SampleAgreement, grid: RayGrid | None) -> SampleAgreement:
+        """The spread of `agreement` averaged over the neighbour windows of its rays' `grid`
+        (`model.neighbours`); as it is without the windows or a grid (rays one by one)."""
+        windows = self.settings.readout_neighbour_windows
+        if not windows or grid is None:
+            return agreement
+        return agreement[0], aggregate_spread(agreement[1], grid, windows)
+
+    def forward(
+        self,
+        rays: Rays,
+        depths: Float[Tensor, "rays samples"],
+        sources: SourceViews,
+        grid: RayGrid | None = None,
+        agreement: SampleAgreement | None = None,
+    ) -> RayOutput:
+        """Render `rays` (a chunk) at sample `depths` `[rays, samples]` from `sources`. `grid`: how the rays
+        lie in patches of an image, over which the prior's spread is aggregated (`aggregate`); `agreement`:
+        the prior's statistics of these rays, already aggregated (a render's, over its whole image)."""
+        n_rays, n_samples = depths.shape
+        points = points_along_rays(rays, depths)  # [rays, samples, 3]
+        gathered = self.gather(rays, depths, sources, prior=agreement is None)
         seen = gathered.visible.any(dim=-1)  # [rays, samples]
+        source_colours = agreement
+        if source_colours is None and self.readout.needs_source_colours:
+            source_colours = self.aggregate(self.agreement(gathered), grid)
 
         # Keys/values of every view block, computed once: one token per (point, view),
         # flattened to points = rays * samples.
@@ -611,6 +695,8 @@ class GNT(nn.Module):
         # GNT's code: the max over all views, seen or not.
         max_mask = torch.ones_like(view_mask) if self.gnt_compatible else view_mask
         tokens = masked_max(view_tokens, max_mask).unflatten(0, (n_rays, n_samples))  # [rays, samples, width]
+        if self.agreement_embedding is not None and source_colours is not None:
+            tokens = tokens + self.agreement_embedding(source_colours[1][..., None].to(tokens.dtype))
 
         unit_dirs = F.normalize(rays.directions.float(), dim=-1)[:, None, :].expand(n_rays, n_samples, 3)
         position_code = torch.cat(
@@ -622,13 +708,6 @@ class GNT(nn.Module):
             return self._gnt_blocks_and_readout(tokens, view_tokens, rel_dirs, view_mask, position_code, seen, depths)
         for block in self.blocks:
             tokens = block(tokens, view_tokens, rel_dirs, view_mask, position_code, seen)
-        source_colours = (
-            source_colour_statistics(
-                gathered, self.settings.readout_consistency_features, self.settings.readout_view_angle_weighting
-            )
-            if self.readout.needs_source_colours
-            else None
-        )
         if self.view_blend is not None and source_colours is not None:
             blended = self.view_blend(
                 view_tokens.unflatten(0, (n_rays, n_samples)),

@@ -47,11 +47,11 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from pola_gnt.attention.modules import ViewAttention
-from pola_gnt.geometry.rays import Rays, points_along_rays
+from pola_gnt.geometry.rays import RayGrid, Rays, points_along_rays
 from pola_gnt.model import render_kernels
 from pola_gnt.model.consistency_prior import ConsistencyFeatures, FeatureRead, PriorImage
 from pola_gnt.model.fused_linear import FusedLinear, fuse_linear_layers, fused_linear
-from pola_gnt.model.gnt import GNT, GNTBlock, RayOutput, SourceViews, sinusoidal_encoding
+from pola_gnt.model.gnt import GNT, GNTBlock, RayOutput, SampleAgreement, SourceViews, sinusoidal_encoding
 from pola_gnt.model.settings import PRECISIONS, NetSettings
 from pola_gnt.model.transformer import RayTransformerBlock, ViewTransformerBlock
 
@@ -175,6 +175,9 @@ class FastRenderNetwork:
         self.blocks = nn.ModuleList(_converted(block, dtype) for block in net.blocks)
         self.view_keys_values = ViewKeysValues(net, dtype)
         self.view_blend = None if net.view_blend is None else _converted(net.view_blend, dtype)
+        self.agreement_embedding = (
+            None if net.agreement_embedding is None else _converted(net.agreement_embedding, dtype)
+        )
         # Position fusion's first layer split by input: token | code(point) | code(direction).
         self.fusion_parts: list[tuple[Tensor, Tensor, Tensor, Tensor] | None] = []
         width, half_code = net.settings.width, 3 * (1 + 2 * net.n_freqs)
@@ -254,34 +257,68 @@ class FastRenderNetwork:
     # ---- rays -----------------------------------------------------------------------------------
 
     def __call__(
-        self, rays: Rays, depths: Float[Tensor, "rays samples"], sources: SourceViews | ProjectedSources
+        self,
+        rays: Rays,
+        depths: Float[Tensor, "rays samples"],
+        sources: SourceViews | ProjectedSources,
+        grid: RayGrid | None = None,
+        agreement: SampleAgreement | None = None,
     ) -> RayOutput:
-        """As `GNT.forward`: `rays` (a chunk) at sample `depths` `[rays, samples]`. The network sets its
-        own precision: an autocast around it (a bf16-mixed trainer's test phase) is switched off."""
+        """As `GNT.forward`: `rays` (a chunk) at sample `depths` `[rays, samples]` (`grid`, `agreement`: as
+        there). The network sets its own precision: an autocast around it (a bf16-mixed trainer's test phase)
+        is switched off."""
         with torch.autocast(depths.device.type, enabled=False):
-            return self._forward(rays, depths, sources)
+            return self._forward(rays, depths, sources, grid, agreement)
+
+    def sample_agreement(
+        self, rays: Rays, depths: Float[Tensor, "rays samples"], sources: SourceViews | ProjectedSources
+    ) -> SampleAgreement:
+        """As `GNT.sample_agreement`: the prior's statistics of each ray alone, fp32."""
+        with torch.autocast(depths.device.type, enabled=False):
+            views = self._projected(sources).views
+            points = points_along_rays(rays, depths).float()
+            grid, visible, _, rel_dirs = self._sample_geometry(points, rays, views)
+            mean, spread, _ = self._prior_statistics(views, grid, visible, rel_dirs)
+            return mean.unflatten(0, depths.shape), spread.unflatten(0, depths.shape)
+
+    def aggregate(self, agreement: SampleAgreement, grid: RayGrid | None) -> SampleAgreement:
+        return self.net.aggregate(agreement, grid)
+
+    def _sample_geometry(
+        self, points: Float[Tensor, "rays samples 3"], rays: Rays, views: SourceViews
+    ) -> tuple[
+        Float[Tensor, "views points 2"],
+        Bool[Tensor, "views points"],
+        Bool[Tensor, "points views"],
+        Float[Tensor, "rays samples views 4"],
+    ]:
+        """Where each sample falls in each view ([views, points, 2]), whether it is seen there ([views, points]
+        and [points, views]), its relative directions ([rays, samples, views, 4])."""
+        height, width = views.images.shape[-2:]
+        return render_kernels.sample_geometry(points, rays.origins, views.c2w, views.intrinsics, height, width)
 
     def _forward(
-        self, rays: Rays, depths: Float[Tensor, "rays samples"], sources: SourceViews | ProjectedSources
+        self,
+        rays: Rays,
+        depths: Float[Tensor, "rays samples"],
+        sources: SourceViews | ProjectedSources,
+        ray_grid: RayGrid | None,
+        agreement: SampleAgreement | None,
     ) -> RayOutput:
         net, dtype = self.net, self.dtype
         prepared = self._projected(sources)
         views = prepared.views
         n_rays, n_samples = depths.shape
-        height, width = views.images.shape[-2:]
         # fp32 geometry, reads and codes; the bf16 work starts at the second layer of the view tokens.
         points = points_along_rays(rays, depths).float()  # [rays, samples, 3]
-        # Where each sample falls in each view ([views, points, 2]), whether it is seen there ([views, points]
-        # and [points, views]), its relative directions ([rays, samples, views, 4]).
-        grid, visible, view_mask, rel_dirs = render_kernels.sample_geometry(
-            points, rays.origins, views.c2w, views.intrinsics, height, width
-        )
+        grid, visible, view_mask, rel_dirs = self._sample_geometry(points, rays, views)
         readout = net.readout
-        source_colours = None
-        if readout.needs_source_colours:
+        source_colours = agreement
+        if readout.needs_source_colours and agreement is None:
             # The prior's statistics, and the colours read on the way: [views, 3, points], zero where unseen.
             mean, spread, rgb = self._prior_statistics(views, grid, visible, rel_dirs)
             source_colours = (mean.unflatten(0, (n_rays, n_samples)), spread.unflatten(0, (n_rays, n_samples)))
+            source_colours = net.aggregate(source_colours, ray_grid)
         else:  # the colours, channels first as grid_sample reads them
             rgb = _bilinear_channels(views.images.float(), grid, "border").mul_(visible[:, None, :].float())
         # First layer: relu(visible * (W_f f) + W_rgb rgb + b), in the token layout [points, views, width].
@@ -295,6 +332,8 @@ class FastRenderNetwork:
 
         view_tokens = self.second(tokens_in)  # [points, views, width]
         tokens = render_kernels.masked_max_over_views(view_tokens, view_mask).unflatten(0, (n_rays, n_samples))
+        if self.agreement_embedding is not None and source_colours is not None:
+            tokens = tokens + self.agreement_embedding(source_colours[1][..., None].to(dtype))
         # Every block's keys and values at once (one matmul, `ViewKeysValues`).
         keys_values = self.view_keys_values(view_tokens, rel_dirs.flatten(0, 1).to(dtype))
         point_code = point_code.to(dtype)
@@ -337,7 +376,7 @@ class FastRenderNetwork:
             features = views.consistency_maps(extractor, factor)
             feature_read = extractor.feature_read(factor)
         temperature = settings.readout_view_angle_weighting
-        return render_kernels.prior_statistics(
+        mean, spread, rgb = render_kernels.prior_statistics(
             views.prior_colours(settings.readout_consistency_levels, factor),
             grid,
             visible,
@@ -348,6 +387,7 @@ class FastRenderNetwork:
             settings.readout_consistency_features,
             temperature,
         )
+        return mean, spread, rgb
 
 
 def _converted(module: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -13,8 +13,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from pola_gnt.geometry.rays import Rays, pixel_grid, pixel_rays
-from pola_gnt.model.gnt import GNT, SourceViews
+from pola_gnt.geometry.rays import RayGrid, Rays, pixel_grid, pixel_rays
+from pola_gnt.model.gnt import GNT, SampleAgreement, SourceViews
 from pola_gnt.model.inference import FastRenderNetwork
 from pola_gnt.model.sampler import DepthSampler
 
@@ -54,6 +54,82 @@ def _single_threaded_workers(workers: int) -> Iterator[ThreadPoolExecutor]:
         yield pool
 
 
+@dataclass(frozen=True)
+class ImageRays:
+    """The rays of a render are an image's pixels: ray i is pixel `order[i]` of a `rows` x `cols` grid in
+    row-major order (`order` None: the rays are in row-major order), neighbouring pixels a ray apart. The
+    prior's neighbours (`model.neighbours`) aggregate over the whole image through it."""
+
+    rows: int
+    cols: int
+    order: Tensor | None = None
+
+    @property
+    def grid(self) -> RayGrid:
+        return RayGrid(1, self.rows, self.cols, max(self.rows, self.cols))
+
+
+def _in_chunks(
+    work: Callable[[int], tuple[Tensor, ...]],
+    starts: range,
+    chunk_rays: int,
+    total: int,
+    workers: int,
+    on_cpu: bool,
+    cancelled: Callable[[], bool] | None,
+    progress: Callable[[int], None],
+) -> list[tuple[Tensor, ...]]:
+    """`work(start)` of every chunk, in order: one chunk at a time on every thread, or `workers` chunks at
+    once, each on one thread (`render_rays`). `cancelled()` is asked before each chunk (RenderCancelled);
+    `progress(rays done)` is told after each, in order."""
+    results: list[tuple[Tensor, ...]] = []
+
+    def collect(start: int, result: tuple[Tensor, ...]) -> None:
+        results.append(result)
+        progress(min(start + chunk_rays, total))
+
+    def check_cancelled() -> None:
+        if cancelled is not None and cancelled():
+            raise RenderCancelled
+
+    if workers <= 1 or len(starts) == 1 or not on_cpu:
+        for start in starts:
+            check_cancelled()
+            collect(start, work(start))
+        return results
+    with _single_threaded_workers(workers) as pool:
+        pending: deque[tuple[int, Future]] = deque()
+        # Twice `workers` chunks submitted ahead, collected in order: a worker that finishes its chunk
+        # takes the next at once instead of waiting while an earlier, slower chunk is collected (the
+        # pool runs only `workers` at a time, so memory is still that of `workers` chunks).
+        try:
+            for start in starts:
+                check_cancelled()
+                pending.append((start, pool.submit(work, start)))
+                if len(pending) == 2 * workers:
+                    first, future = pending.popleft()
+                    collect(first, future.result())
+            while pending:
+                first, future = pending.popleft()
+                collect(first, future.result())
+        except BaseException:  # cancelled (or failed): chunks not started yet are dropped, not rendered
+            for _, future in pending:
+                future.cancel()
+            raise
+    return results
+
+
+def _image_agreement(model: RenderNetwork, image: ImageRays, chunks: list[tuple[Tensor, ...]]) -> SampleAgreement:
+    """The prior's statistics of every ray (chunk results in ray order), their spread aggregated over the
+    image's neighbours (`RenderNetwork.aggregate`), back in ray order."""
+    mean, spread = torch.cat([c[0] for c in chunks]), torch.cat([c[1] for c in chunks])
+    if image.order is None:
+        return model.aggregate((mean, spread), image.grid)
+    row_major = torch.empty_like(spread)
+    row_major[image.order] = spread
+    return mean, model.aggregate((mean, row_major), image.grid)[1][image.order]
+
+
 @torch.inference_mode()
 def render_rays(
     model: RenderNetwork,
@@ -66,6 +142,7 @@ def render_rays(
     cancelled: Callable[[], bool] | None = None,
     progress: Callable[[int, int], None] | None = None,
     peak_weights: list[Tensor] | None = None,
+    image: ImageRays | None = None,
 ) -> tuple[Float[Tensor, "rays 3"], Float[Tensor, " rays"]]:
     """Colour `[rays, 3]` (clipped) and depth `[rays]` with deterministic samples, `chunk_rays` at a time.
 
@@ -75,62 +152,52 @@ def render_rays(
     pixels do not depend on `workers`. `cancelled()` is asked before each chunk (RenderCancelled);
     `progress(rays done, rays in all)` is told after each chunk, in order. `peak_weights`, when given,
     gets each chunk's largest read-out weight per ray `[rays]` appended, in order (a confidence of the
-    depth: `apps/export`)."""
+    depth: `apps/export`).
+
+    `image`: the rays are an image's pixels (`ImageRays`). A network whose prior aggregates over
+    neighbouring rays (`model.net.readout_neighbour_windows`) then renders in two passes: the prior's
+    statistics of every ray first (chunk by chunk), aggregated over the whole image, then the network on
+    each chunk with its share of them; the pixels are those of one pass over the whole image, whatever
+    the chunks. Progress counts both passes (`2 x rays` in all). Without `image` every ray is its own."""
     # The fast network's feature maps projected once, before the workers share them.
     projected = model.project(sources) if isinstance(model, FastRenderNetwork) else None
+    views = projected if projected is not None else sources
     starts = range(0, len(rays), chunk_rays)
     autocast = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+    on_cpu = rays.origins.device.type == "cpu"
+    two_passes = image is not None and model.settings.uses_neighbours and model.settings.readout_consistency_prior > 0
+    total = 2 * len(rays) if two_passes else len(rays)
 
-    def render_chunk(start: int) -> tuple[Tensor, Tensor, Tensor]:
+    def told(offset: int) -> Callable[[int], None]:
+        return lambda done: progress(offset + done, total) if progress is not None else None
+
+    agreement: SampleAgreement | None = None
+    if two_passes and image is not None:
+
+        def agree_chunk(start: int) -> tuple[Tensor, ...]:
+            with torch.inference_mode(), torch.autocast("cpu", dtype=autocast[1], enabled=autocast[0]):
+                chunk = rays[start : start + chunk_rays]
+                return model.sample_agreement(chunk, sampler(chunk, depth_range), views)  # type: ignore[arg-type]
+
+        parts = _in_chunks(agree_chunk, starts, chunk_rays, len(rays), workers, on_cpu, cancelled, told(0))
+        agreement = _image_agreement(model, image, parts)
+
+    def render_chunk(start: int) -> tuple[Tensor, ...]:
         # Inference mode and autocast are per thread: a worker takes the caller's.
         with torch.inference_mode(), torch.autocast("cpu", dtype=autocast[1], enabled=autocast[0]):
             chunk = rays[start : start + chunk_rays]
             depths = sampler(chunk, depth_range)
-            if isinstance(model, FastRenderNetwork) and projected is not None:
-                output = model(chunk, depths, projected)
-            else:
-                output = model(chunk, depths, sources)
+            shared = None
+            if agreement is not None:
+                shared = (agreement[0][start : start + chunk_rays], agreement[1][start : start + chunk_rays])
+            output = model(chunk, depths, views, agreement=shared)  # type: ignore[arg-type]
             return output.rgb.float().clamp(0.0, 1.0), output.depth.float(), output.weights.float().amax(dim=-1)
 
-    colours, depths = [], []
-
-    def collect(start: int, result: tuple[Tensor, Tensor, Tensor]) -> None:
-        colours.append(result[0])
-        depths.append(result[1])
-        if peak_weights is not None:
-            peak_weights.append(result[2])
-        if progress is not None:
-            progress(min(start + chunk_rays, len(rays)), len(rays))
-
-    def check_cancelled() -> None:
-        if cancelled is not None and cancelled():
-            raise RenderCancelled
-
-    if workers <= 1 or len(starts) == 1 or rays.origins.device.type != "cpu":
-        for start in starts:
-            check_cancelled()
-            collect(start, render_chunk(start))
-    else:
-        with _single_threaded_workers(workers) as pool:
-            pending: deque[tuple[int, Future]] = deque()
-            # Twice `workers` chunks submitted ahead, collected in order: a worker that finishes its chunk
-            # takes the next at once instead of waiting while an earlier, slower chunk is collected (the
-            # pool runs only `workers` at a time, so memory is still that of `workers` chunks).
-            try:
-                for start in starts:
-                    check_cancelled()
-                    pending.append((start, pool.submit(render_chunk, start)))
-                    if len(pending) == 2 * workers:
-                        first, future = pending.popleft()
-                        collect(first, future.result())
-                while pending:
-                    first, future = pending.popleft()
-                    collect(first, future.result())
-            except BaseException:  # cancelled (or failed): chunks not started yet are dropped, not rendered
-                for _, future in pending:
-                    future.cancel()
-                raise
-    return torch.cat(colours), torch.cat(depths)
+    offset = len(rays) if two_passes else 0
+    results = _in_chunks(render_chunk, starts, chunk_rays, len(rays), workers, on_cpu, cancelled, told(offset))
+    if peak_weights is not None:
+        peak_weights.extend(result[2] for result in results)
+    return torch.cat([r[0] for r in results]), torch.cat([r[1] for r in results])
 
 
 @torch.inference_mode()
@@ -150,13 +217,23 @@ def render_image(
     progress: Callable[[int, int], None] | None = None,
 ) -> RenderedImage:
     """Render the camera (`c2w` `[4, 4]`, `intrinsics` `[3, 3]`) at every `stride`-th pixel, in square
-    tiles of about `chunk_rays` pixels (`tile_order`; `workers`, `cancelled`, `progress`: `render_rays`)."""
+    tiles of about `chunk_rays` pixels (`tile_order`; `workers`, `cancelled`, `progress`: `render_rays`,
+    the rendered pixels an `ImageRays`)."""
     rows, cols = len(range(0, height, stride)), len(range(0, width, stride))
     order = tile_order(rows, cols, chunk_rays, device=c2w.device)
     pixels = pixel_grid(rows, cols, device=c2w.device)[order] * stride
     rays = pixel_rays(c2w, intrinsics, pixels)
     tiled_rgb, tiled_depth = render_rays(
-        model, rays, sources, depth_range, sampler, chunk_rays, workers, cancelled, progress
+        model,
+        rays,
+        sources,
+        depth_range,
+        sampler,
+        chunk_rays,
+        workers,
+        cancelled,
+        progress,
+        image=ImageRays(rows, cols, order),
     )
     rgb, depth = torch.empty_like(tiled_rgb), torch.empty_like(tiled_depth)
     rgb[order], depth[order] = tiled_rgb, tiled_depth

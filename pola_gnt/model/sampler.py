@@ -9,7 +9,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from pola_gnt.geometry.rays import Rays
+from pola_gnt.geometry.rays import RayGrid, Rays
 
 
 def sample_depths(
@@ -52,11 +52,16 @@ class DepthSampler:
     n_samples: int
 
     def __call__(
-        self, rays: Rays, depth_range: tuple[float, float], seed: int | None = None
+        self, rays: Rays, depth_range: tuple[float, float], seed: int | None = None, grid: RayGrid | None = None
     ) -> Float[Tensor, "rays samples"]:
+        """With a `grid` (rays in patches), a jittered draw is one per patch, shared by its rays: the rays of
+        a patch keep common depth planes, over which the prior's neighbours aggregate (`model.neighbours`)."""
         near, far = depth_range
         device = rays.origins.device
         if seed is None:
             return sample_depths(near, far, len(rays), self.n_samples, jitter=False, device=device)
         generator = torch.Generator().manual_seed(seed)
-        return sample_depths(near, far, len(rays), self.n_samples, jitter=True, generator=generator).to(device)
+        if grid is None:
+            return sample_depths(near, far, len(rays), self.n_samples, jitter=True, generator=generator).to(device)
+        per_patch = sample_depths(near, far, grid.patches, self.n_samples, jitter=True, generator=generator)
+        return per_patch.repeat_interleave(grid.rows * grid.cols, dim=0).to(device)

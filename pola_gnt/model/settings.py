@@ -92,8 +92,24 @@ class NetSettings:
     readout_view_blend: bool  # the source colour weighted over the views by learned scores (SourceViewBlend)
     # the source colour weighted over the views by their angle to the target ray (0: plain mean; angle_weights)
     readout_view_angle_weighting: float
+    # the prior's spread of each sample averaged over square windows of the neighbouring rays on its depth
+    # plane, of these half-widths as fractions of the image's longer side (0: the ray itself), and over the
+    # windows (empty: off; model.neighbours)
+    readout_neighbour_windows: tuple[float, ...]
+    # the pooling weights composited front to back, a consistent sample hiding those behind it (0: off):
+    # alpha = exp((score - the ray's best score) / this), weight = alpha x the transmittance before it
+    readout_composite_temperature: float
+    readout_composite_share: float  # ... that share of the weights, the rest the softmax's (1: composited alone)
+    # the point tokens start with a learned embedding (zero-initialised) of the prior's aggregated spread
+    # of each sample: what the sweep says reaches the transformer, not the read-out alone
+    readout_agreement_input: bool
     compat: str  # one of COMPAT_MODES
     encoder: EncoderSettings
+
+    @property
+    def uses_neighbours(self) -> bool:
+        """The prior's spread is aggregated over neighbouring rays (`model.neighbours`)."""
+        return bool(self.readout_neighbour_windows)
 
     def working_factor(self, height: int, width: int) -> int:
         """The whole factor by which a source image of `height` x `width` is reduced for its own work
@@ -139,6 +155,7 @@ class NetSettings:
                 f"in the consistency prior, which is off (set {key}.readout_consistency_prior, or "
                 f"{key}.readout_consistency_features=0)"
             )
+        self._check_geometry(key)
         check_choice(self.compat, f"{key}.compat", COMPAT_MODES)
         if not self.readout_colour_residual and not self.readout_source_colour:
             raise UserError(
@@ -164,6 +181,26 @@ class NetSettings:
             )
         if self.gnt_compatible:
             self._check_gnt_compat(key)
+
+    def _check_geometry(self, key: str) -> None:
+        """The prior's geometry (neighbours, front to back, its input to the network) works on the
+        consistency prior's spread: each needs the prior on."""
+        for index, window in enumerate(self.readout_neighbour_windows):
+            check_number(window, f"{key}.readout_neighbour_windows[{index}]", 0, 0.5, low_open=False)
+        temperature_key = f"{key}.readout_composite_temperature"
+        check_number(self.readout_composite_temperature, temperature_key, 0, None, low_open=False)
+        check_number(self.readout_composite_share, f"{key}.readout_composite_share", 0, 1, low_open=False)
+        asked = {
+            "readout_neighbour_windows": self.uses_neighbours,
+            "readout_composite_temperature": self.readout_composite_temperature > 0,
+            "readout_agreement_input": self.readout_agreement_input,
+        }
+        for name, on in asked.items():
+            if on and not self.readout_consistency_prior:
+                raise UserError(
+                    f"{key}.{name}: works on the consistency prior's spread, which is off "
+                    f"(set {key}.readout_consistency_prior, or turn {key}.{name} off)"
+                )
 
     def _check_gnt_compat(self, key: str) -> None:
         """`compat: gnt` is GNT's own network: its attention kinds, its plain mean read-out."""

@@ -144,8 +144,8 @@ class GNTSystem(pl.LightningModule):
             self.feature_cache.clear()
 
     def render_batch(self, batch: RayBatch) -> RayOutput:
-        depths = self.sampler(batch.rays, batch.depth_range, batch.sample_seed)
-        return self.net(batch.rays, depths, self.encode_sources(batch.sources))
+        depths = self.sampler(batch.rays, batch.depth_range, batch.sample_seed, batch.grid)
+        return self.net(batch.rays, depths, self.encode_sources(batch.sources), batch.grid)
 
     def training_step(self, batch: TrainingBatch, batch_idx: int) -> torch.Tensor:
         # The mean of the targets' losses: DDP's mean over GPUs that each train one target (GNT).

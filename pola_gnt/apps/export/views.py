@@ -36,7 +36,7 @@ from pola_gnt.geometry.camera_paths import fov_intrinsics, spiral_path
 from pola_gnt.geometry.projection import pixels_to_grid, project_points
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
 from pola_gnt.model.gnt import SourceViews
-from pola_gnt.model.renderer import RenderNetwork, render_rays
+from pola_gnt.model.renderer import ImageRays, RenderNetwork, render_rays
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.settings import ExportSettings, VideoSettings
 
@@ -152,7 +152,16 @@ def render_export_view(
     with fabric.autocast():
         sources = encoded(source_ids)
         rgb, depth = render_rays(
-            net, rays, sources, scene.depth_range, sampler, chunk_rays, workers, progress=progress, peak_weights=peaks
+            net,
+            rays,
+            sources,
+            scene.depth_range,
+            sampler,
+            chunk_rays,
+            workers,
+            progress=progress,
+            peak_weights=peaks,
+            image=ImageRays(view.height, view.width),
         )
     peak = torch.cat(peaks).float()
     with torch.inference_mode():

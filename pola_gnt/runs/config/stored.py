@@ -87,6 +87,10 @@ WEIGHTLESS_NET_KEYS = (
     "readout_view_angle_weighting",
     "readout_consistency_feature_dims",
     "readout_score_bound",
+    # How the prior reads the same views (issue 49): neighbours, front to back. No parameters.
+    "readout_neighbour_windows",
+    "readout_composite_temperature",
+    "readout_composite_share",
 )
 # Keys under model.net that are the machine's (COMMAND_SECTIONS), not the network's: never compared.
 MACHINE_NET_KEYS = ("encoder.feature_cache_mb",)
