@@ -92,6 +92,42 @@ def test_preset_kernels_compile_fit_and_do_not_spill(preset_rows):
     print(aot.table(preset_rows))
 
 
+def _signature(ttir: str, kernel: str) -> str:
+    """The parameter list of `kernel`'s `tt.func` in Triton's TTIR."""
+    found = re.search(rf"tt\.func public @{kernel}\((.*?)\) attributes", ttir, re.DOTALL)
+    assert found is not None, kernel
+    return found.group(1)
+
+
+def test_compiled_variants_are_the_jits_specialisations(preset_rows):
+    """The AOT compiles are the variants a GPU's JIT makes at the presets' shapes: every integer
+    argument divisible by 16 carries `tt.divisibility = 16`, one equal to 1 is a constant (gone from
+    the signature), any other integer has no attribute, and every pointer is 16-byte aligned; worked
+    out here from the recorded arguments' values, and read from the compiled TTIR. (`preset_rows`:
+    the compiles are in Triton's cache.)"""
+    checked = 0
+    for name, target in aot.TARGETS.items():
+        for case in aot.preset_cases():
+            for launch in aot.record_case(case, target):
+                ttir = compile_launch(launch, GPUTarget("cuda", target.capability, 32)).asm["ttir"]
+                signature = _signature(ttir, launch.name)
+                params = [param for param in launch.kernel.params if not param.is_constexpr]
+                for param, value in zip(params, launch.args):
+                    declared = re.search(rf"%{param.name}: ([^ ]+)( \{{[^}}]*\}})? loc", signature)
+                    if isinstance(value, torch.Tensor):
+                        assert declared and "tt.divisibility = 16" in (declared.group(2) or ""), (
+                            launch.name,
+                            param.name,
+                        )
+                    elif isinstance(value, int) and value == 1:
+                        assert declared is None, (name, launch.name, param.name)
+                    elif isinstance(value, int):
+                        divisible = "tt.divisibility = 16" in ((declared and declared.group(2)) or "")
+                        assert declared and divisible == (value % 16 == 0), (name, launch.name, param.name, value)
+                        checked += value % 16 == 0
+    assert checked > 0
+
+
 def test_ptxas_reports_on_the_code_triton_assembled(tmp_path):
     """The registers `triton_aot` reads from its own `ptxas -v` run are those of the cubin Triton
     built (cuobjdump's resource usage): same PTX, same flags."""
