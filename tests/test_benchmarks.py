@@ -171,8 +171,8 @@ def test_bench_shipped_bad_input_is_one_error_line():
 @pytest.mark.slow
 def test_bench_attention_layer_rows_and_their_ratios(tmp_path, capsys):
     """`bench_attention.py --suite layers` at a tiny size: the three layers run (one worker process
-    each, ~10 s on an idle 2-core machine, so `slow`), every row has its times and peak memory, and the table's ratio columns are the baseline's
-    figures over pola_layer's from those very rows."""
+    each, ~10 s on an idle 2-core machine, so `slow`), every row has its times and peak memory, and
+    the table's ratio columns are the baseline's figures over pola_layer's from those very rows."""
     bench = load_script("bench_attention")
     out = tmp_path / "rows.json"
     bench.main(
