@@ -151,13 +151,14 @@ def test_ptxas_reports_on_the_code_triton_assembled(tmp_path):
 
 
 def test_the_spill_check_sees_spills():
-    """Control: the ray query-gradient kernel with the tensor cores' TF32 layouts and 32-row tiles (the
-    configuration it left because it spilled) does spill, so the preset test's zero is measured."""
+    """Control: the ray query-gradient kernel with the tensor cores' TF32 layouts, 32-row tiles and 4
+    warps (the configuration it left because it spilled) does spill, so the preset test's zero is measured."""
     case = next(case for case in aot.preset_cases(("standard",)) if case.dtype == "bf16")
     target = aot.TARGETS["sm_80"]
     launch = next(launch for launch in aot.record_case(case, target) if launch.name == "_ray_query_grad_kernel")
     assert launch.options["DOT_PRECISION"] == "ieee" and launch.options["BLOCK_S"] == 16
-    spilling = replace(launch, options={**launch.options, "DOT_PRECISION": "tf32", "BLOCK_S": 32})
+    assert launch.options["num_warps"] == 8
+    spilling = replace(launch, options={**launch.options, "DOT_PRECISION": "tf32", "BLOCK_S": 32, "num_warps": 4})
     report = aot.ptxas_report(compile_launch(spilling, GPUTarget("cuda", 80, 32)).asm["ptx"], target)
     assert report["spill_stores"] > PRESET_SPILL_BUDGET and report["registers"] == 255, report
 
