@@ -132,6 +132,30 @@ def test_compiled_variants_are_the_jits_specialisations(preset_rows):
     assert checked > 0
 
 
+def test_the_fp32_ray_kernels_keep_headroom_under_a_128_register_cap():
+    """The fp32 ray forward and query-gradient kernels at the presets (8 warps at 16-wide tiles) fit
+    in 128 registers a thread without spilling on either GPU (`maxnreg=128`, a cap no launch sets:
+    the margin below the edge where, with 4 warps, the H100's query-gradient kernel spilled)."""
+    for target in aot.TARGETS.values():
+        for case in aot.preset_cases(("quick", "standard")):
+            if case.dtype != "fp32":
+                continue
+            for launch in aot.record_case(case, target):
+                if launch.name not in ("_ray_forward_kernel", "_ray_query_grad_kernel"):
+                    continue
+                assert launch.options["num_warps"] == 8, launch.name
+                capped = replace(launch, options={**launch.options, "maxnreg": 128})
+                report = aot.ptxas_report(
+                    compile_launch(capped, GPUTarget("cuda", target.capability, 32)).asm["ptx"], target
+                )
+                assert report["spill_stores"] + report["spill_loads"] == 0 and report["registers"] <= 128, (
+                    target.name,
+                    case.label,
+                    launch.name,
+                    report,
+                )
+
+
 def test_ptxas_reports_on_the_code_triton_assembled(tmp_path):
     """The registers `triton_aot` reads from its own `ptxas -v` run are those of the cubin Triton
     built (cuobjdump's resource usage): same PTX, same flags."""
