@@ -1,13 +1,25 @@
 """Benchmark attention implementations over sequence length: time and peak memory.
 
     python scripts/bench_attention.py --out bench.json [--device cpu|cuda] [--lengths 1024 4096 ...]
-        [--repeats 3] [--heads 4] [--head-dim 32] [--dtype fp32|bf16|fp16]
+        [--suite ops|layers] [--impls ...] [--repeats 3] [--heads 4] [--head-dim 32] [--dtype fp32|bf16|fp16]
 
-Implementations (batch 1, `heads` x `head-dim`, self-attention over N tokens):
+Implementations, `--suite ops` (the default; batch 1, `heads` x `head-dim`, self-attention over N
+tokens, the attention alone on given q, k, v):
     pola         polarity_attention, linear form (on CUDA the fused Triton kernel when available)
     softmax      torch.nn.functional.scaled_dot_product_attention
     vanilla      explicit N x N scores + softmax in plain PyTorch
     relu_linear  plain ReLU linear attention, normalised
+`--suite layers` (whole attention layers on tokens x `[1, N, heads * head-dim]`, projections included;
+default lengths 1K, 4K, 16K, 64K, and 200K on CUDA):
+    pola_layer   pola_gnt.attention.PolarityAttention (q, gate, k, v projections, the polarity attention
+                 through its dispatch, 1-D LePE, output projection)
+    sdpa_layer   the same multi-head layout with F.scaled_dot_product_attention: a `Linear(dim, 3 dim)`
+                 q, k, v projection and a `Linear(dim, dim)` output projection (nn.MultiheadAttention's
+                 parameters; pola_layer has one dim x dim projection more, its gate, and the LePE)
+    mha_layer    torch.nn.MultiheadAttention(dim, heads, batch_first=True) called as `mha(x, x, x)`,
+                 i.e. with its default `need_weights=True`: it forms the N x N weights (averaged over
+                 heads) and so takes the explicit path, quadratic in memory (past the memory budget its
+                 rows are `oom` by estimate, with the estimate printed)
 
 Method:
 - Every (impl, length) runs in a fresh subprocess, so no allocator cache or earlier peak leaks from
@@ -48,16 +60,24 @@ set_openmp_wait_policy()  # before torch loads OpenMP, as every command
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from pola_gnt.core.errors import UserError, exit_on_user_error
 from pola_gnt.core.process import M_MMAP_THRESHOLD, configure_cpu_allocator, mallopt
 
-IMPLS = ("pola", "softmax", "vanilla", "relu_linear")
+OP_IMPLS = ("pola", "softmax", "vanilla", "relu_linear")
+LAYER_IMPLS = ("pola_layer", "sdpa_layer", "mha_layer")
+IMPLS = OP_IMPLS + LAYER_IMPLS
+SUITES = {"ops": OP_IMPLS, "layers": LAYER_IMPLS}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CPU_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 CUDA_LENGTHS = CPU_LENGTHS + (131072, 200000)
+LAYER_CPU_LENGTHS = (1024, 4096, 16384, 65536)
+LAYER_CUDA_LENGTHS = LAYER_CPU_LENGTHS + (200000,)
+# The ratio columns of the table: (impl, baseline), the baseline's time and memory over the impl's.
+RATIOS = (("pola", "softmax"), ("pola_layer", "sdpa_layer"), ("pola_layer", "mha_layer"))
 # Time growth per doubling of the length, used to skip rows that would exceed --max-seconds.
-QUADRATIC_IMPLS = ("softmax", "vanilla")
+QUADRATIC_IMPLS = ("softmax", "vanilla", "sdpa_layer", "mha_layer")
 WARMUP_LENGTH = 256
 RELU_EPSILON = 1e-6
 
@@ -90,6 +110,45 @@ def relu_linear(q, k, v, temp_same, temp_opp):
 IMPL_FUNCTIONS: dict[str, Callable] = {"pola": pola, "softmax": softmax, "vanilla": vanilla, "relu_linear": relu_linear}
 
 
+# --------------------------------------------------------------------------------------------------
+# The layers (`--suite layers`): modules over x [1, N, dim] -> [1, N, dim]
+
+
+class SdpaAttention(nn.Module):
+    """Multi-head self-attention with nn.MultiheadAttention's projections (`Linear(dim, 3 dim)` for q,
+    k, v, `Linear(dim, dim)` out) around `F.scaled_dot_product_attention` (on the CPU its flash
+    kernel, on CUDA FlashAttention where it applies)."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.to_qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in self.to_qkv(x).chunk(3, dim=-1))
+        return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(-2))
+
+
+class MultiheadAttention(nn.Module):
+    """`nn.MultiheadAttention` as it is usually called, `mha(x, x, x)` (need_weights=True)."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(dim, heads, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mha(x, x, x)[0]
+
+
+def build_layer(impl: str, dim: int, heads: int) -> nn.Module:
+    if impl == "pola_layer":
+        from pola_gnt.attention import PolarityAttention
+
+        return PolarityAttention(dim, heads)
+    return {"sdpa_layer": SdpaAttention, "mha_layer": MultiheadAttention}[impl](dim, heads)
+
+
 def estimate_bytes(impl: str, seq_len: int, heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """Memory of one forward+backward, inputs included (deliberately generous)."""
     itemsize = torch.finfo(dtype).bits // 8
@@ -104,6 +163,10 @@ def estimate_bytes(impl: str, seq_len: int, heads: int, head_dim: int, dtype: to
     if impl == "relu_linear":
         return base + 6 * fp32_tokens
     scores = heads * seq_len * seq_len * max(itemsize, 4)
+    if impl in LAYER_IMPLS:  # x and its gradient, the projections' outputs and gradients, fp32 copies
+        layer = 16 * tokens * itemsize + 8 * fp32_tokens + 64 * 2**20
+        # MHA's explicit path: scores, probabilities, their gradients and the head-averaged weights.
+        return layer + (4 * scores + scores // heads if impl == "mha_layer" else 0)
     return base + 4 * scores  # scores, probabilities and both of their gradients
 
 
@@ -177,11 +240,24 @@ def _repeat(fn: Callable[[], None], device: str, repeats: int, seconds: float, f
     return statistics.median(samples)
 
 
+def _layer_inputs(seq_len: int, dim: int, dtype: torch.dtype, device: str):
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(1, seq_len, dim, generator=gen, device=device, dtype=dtype).requires_grad_()
+    return (x,), torch.randn(1, seq_len, dim, generator=gen, device=device, dtype=dtype)
+
+
 def run_worker(args: argparse.Namespace) -> dict:
     impl, seq_len, device, dtype = args.worker_impl, args.worker_len, args.device, DTYPES[args.dtype]
     if args.threads:
         torch.set_num_threads(args.threads)
-    function = IMPL_FUNCTIONS[impl]
+    if impl in LAYER_IMPLS:
+        dim = args.heads * args.head_dim
+        torch.manual_seed(0)
+        function: Callable = build_layer(impl, dim, args.heads).to(device=device, dtype=dtype)
+        make_inputs = lambda n: _layer_inputs(n, dim, dtype, device)  # noqa: E731
+    else:
+        function = IMPL_FUNCTIONS[impl]
+        make_inputs = lambda n: _inputs(n, args.heads, args.head_dim, dtype, device)  # noqa: E731
     on_cpu = device == "cpu" and mallopt(M_MMAP_THRESHOLD, 64 * 1024)
 
     def step(inputs, grad_out, backward: bool) -> None:
@@ -191,12 +267,14 @@ def run_worker(args: argparse.Namespace) -> dict:
             with torch.no_grad():
                 function(*inputs)
 
-    warm_inputs, warm_grad = _inputs(WARMUP_LENGTH, args.heads, args.head_dim, dtype, device)
+    warm_inputs, warm_grad = make_inputs(WARMUP_LENGTH)
     step(warm_inputs, warm_grad, True)
     step(warm_inputs, warm_grad, False)
     del warm_inputs, warm_grad
 
-    inputs, grad_out = _inputs(seq_len, args.heads, args.head_dim, dtype, device)
+    # Peak memory excludes what exists before the pass: the inputs, the output gradient and a
+    # layer's parameters (not their gradients, which the pass allocates).
+    inputs, grad_out = make_inputs(seq_len)
     meter = MemoryMeter(device)
     meter.start()
     first_ms = _timed(lambda: step(inputs, grad_out, True), device)
@@ -208,7 +286,7 @@ def run_worker(args: argparse.Namespace) -> dict:
     fwd_bwd_ms = _repeat(lambda: step(inputs, grad_out, True), device, args.repeats, args.repeat_seconds, first)
     fwd_ms = _repeat(lambda: step(inputs, grad_out, False), device, args.repeats, args.repeat_seconds, [])
     row = {"impl": impl, "seq_len": seq_len, "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms, "peak_mem_mb": peak_mb}
-    if impl == "pola" and device == "cuda":
+    if impl in ("pola", "pola_layer") and device == "cuda":
         from pola_gnt.attention.linear.op import triton_kernel
 
         row["kernel"] = "triton" if triton_kernel(inputs[0]) is not None else "pytorch"
@@ -237,6 +315,7 @@ def run_row(args: argparse.Namespace, impl: str, seq_len: int, budget_mb: float,
             "oom": True,
             "estimate_mb": round(needed_mb),
             "budget_mb": round(budget_mb),
+            "reason": f"not run: estimated {needed_mb:.0f} MB > memory budget {budget_mb:.0f} MB",
         }
     if previous is not None and previous.get("skipped"):
         return {
@@ -281,20 +360,33 @@ def _ms(value: float) -> str:
     return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
 
 
+def ratios(row: dict | None, baseline: dict | None) -> dict[str, float] | None:
+    """The baseline's fwd time, fwd+bwd time and peak memory over the row's (above 1: the row's impl
+    is faster / smaller), or None where either did not run."""
+    if not row or not baseline or "fwd_ms" not in row or "fwd_ms" not in baseline:
+        return None
+    return {
+        "fwd": baseline["fwd_ms"] / row["fwd_ms"],
+        "fwd_bwd": baseline["fwd_bwd_ms"] / row["fwd_bwd_ms"],
+        "memory": baseline["peak_mem_mb"] / row["peak_mem_mb"] if row["peak_mem_mb"] > 0 else float("nan"),
+    }
+
+
 def format_table(rows: list[dict], impls: list[str]) -> str:
-    """One line per length: fwd / fwd+bwd time and peak memory per impl, then pola vs softmax."""
+    """One line per length: fwd / fwd+bwd time and peak memory per impl, then for each pair of
+    `RATIOS` among `impls` the baseline's over the impl's (fwd, fwd+bwd, memory)."""
     by_key = {(row["impl"], row["seq_len"]): row for row in rows}
     lengths = sorted({row["seq_len"] for row in rows})
-    header = ["seq_len", *impls, "pola vs softmax (fwd, fwd+bwd)"]
+    pairs = [(impl, baseline) for impl, baseline in RATIOS if impl in impls and baseline in impls]
+    header = ["seq_len", *impls, *(f"{baseline} / {impl} (fwd, fwd+bwd, memory)" for impl, baseline in pairs)]
     lines = []
     for seq_len in lengths:
         cells = [str(seq_len), *(_cell(by_key.get((impl, seq_len))) for impl in impls)]
-        pola_row, sdpa_row = by_key.get(("pola", seq_len), {}), by_key.get(("softmax", seq_len), {})
-        if "fwd_ms" in pola_row and "fwd_ms" in sdpa_row:
-            fwd = sdpa_row["fwd_ms"] / pola_row["fwd_ms"]
-            cells.append(f"{fwd:.1f}x, {sdpa_row['fwd_bwd_ms'] / pola_row['fwd_bwd_ms']:.1f}x")
-        else:
-            cells.append("-")
+        for impl, baseline in pairs:
+            found = ratios(by_key.get((impl, seq_len)), by_key.get((baseline, seq_len)))
+            cells.append(
+                "-" if found is None else ", ".join(f"{found[key]:.2f}x" for key in ("fwd", "fwd_bwd", "memory"))
+            )
         lines.append(cells)
     widths = [max(len(str(c)) for c in column) for column in zip(header, *lines)]
     render = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
@@ -308,7 +400,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--lengths", type=int, nargs="+", help="sequence lengths (default: 1K..64K, up to 200K on CUDA)"
     )
-    parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
+    parser.add_argument("--suite", choices=tuple(SUITES), default="ops", help="the default impls and lengths")
+    parser.add_argument("--impls", nargs="+", choices=IMPLS, help="default: the suite's")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per row at most (median)")
     parser.add_argument("--repeat-seconds", type=float, default=20.0, help="stop repeating a row after this long")
     parser.add_argument("--max-seconds", type=float, default=900.0, help="skip a row that would run longer")
@@ -341,7 +434,13 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(run_worker(args)), flush=True)
         return
 
-    lengths = args.lengths or list(CUDA_LENGTHS if args.device == "cuda" else CPU_LENGTHS)
+    if args.impls is None:
+        args.impls = list(SUITES[args.suite])
+    if args.suite == "layers":
+        default_lengths = LAYER_CUDA_LENGTHS if args.device == "cuda" else LAYER_CPU_LENGTHS
+    else:
+        default_lengths = CUDA_LENGTHS if args.device == "cuda" else CPU_LENGTHS
+    lengths = args.lengths or list(default_lengths)
     budget_mb = args.memory_budget_mb or default_budget_mb(args.device)
     print(
         f"device {args.device}, dtype {args.dtype}, batch 1, {args.heads} heads x {args.head_dim}, "

@@ -166,3 +166,44 @@ def test_bench_shipped_bad_input_is_one_error_line():
     assert_one_error_line(frames, "--frames must be at least 1")
     scene = [sys.executable, script, "--scene", "nowhere", "--parts", "frame", "--models", "gnt"]
     assert_one_error_line(subprocess.run(scene, capture_output=True, text=True), "scene/nowhere")
+
+
+@pytest.mark.slow
+def test_bench_attention_layer_rows_and_their_ratios(tmp_path, capsys):
+    """`bench_attention.py --suite layers` at a tiny size: the three layers run (one worker process
+    each, ~10 s on an idle 2-core machine, so `slow`), every row has its times and peak memory, and
+    the table's ratio columns are the baseline's figures over pola_layer's from those very rows."""
+    bench = load_script("bench_attention")
+    out = tmp_path / "rows.json"
+    bench.main(
+        ["--suite", "layers", "--lengths", "48", "--heads", "2", "--head-dim", "8", "--repeats", "1", "--out", str(out)]
+    )
+    rows = {row["impl"]: row for row in json.loads(out.read_text())}
+    assert set(rows) == set(bench.LAYER_IMPLS)
+    for row in rows.values():
+        assert row["seq_len"] == 48 and row["fwd_ms"] > 0 and row["fwd_bwd_ms"] > 0 and row["peak_mem_mb"] >= 0
+    table = capsys.readouterr().out.split("\n\n")[-2]
+    line = next(line for line in table.splitlines() if line.startswith("48 "))
+    for baseline in ("sdpa_layer", "mha_layer"):
+        found = bench.ratios(rows["pola_layer"], rows[baseline])
+        assert found is not None
+        assert ", ".join(f"{found[key]:.2f}x" for key in ("fwd", "fwd_bwd", "memory")) in line
+        assert f"{baseline} / pola_layer (fwd, fwd+bwd, memory)" in table
+
+
+def test_bench_attention_ratios_and_memory_bound():
+    """The ratios are the baseline's over the impl's (time and memory); a row that did not run has
+    none, and its cell says why. MHA (its N x N weights) is over the default budget of a 23 GB machine
+    at 64K tokens, the polarity layer far below it."""
+    bench = load_script("bench_attention")
+    pola = {"impl": "pola_layer", "seq_len": 8, "fwd_ms": 2.0, "fwd_bwd_ms": 5.0, "peak_mem_mb": 4.0}
+    sdpa = {"impl": "sdpa_layer", "seq_len": 8, "fwd_ms": 3.0, "fwd_bwd_ms": 20.0, "peak_mem_mb": 6.0}
+    mha = {"impl": "mha_layer", "seq_len": 8, "oom": True, "estimate_mb": 9, "budget_mb": 1}
+    assert bench.ratios(pola, sdpa) == {"fwd": 1.5, "fwd_bwd": 4.0, "memory": 1.5}
+    assert bench.ratios(pola, mha) is None
+    table = bench.format_table([pola, sdpa, mha], list(bench.LAYER_IMPLS))
+    assert "1.50x, 4.00x, 1.50x" in table and "oom" in table
+    assert table.splitlines()[-1].rstrip().endswith("-")  # no MHA ratio
+    fp32 = torch.float32
+    assert bench.estimate_bytes("mha_layer", 65536, 4, 32, fp32) > 12 * 2**30
+    assert bench.estimate_bytes("pola_layer", 65536, 4, 32, fp32) < 2**30

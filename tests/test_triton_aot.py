@@ -92,6 +92,70 @@ def test_preset_kernels_compile_fit_and_do_not_spill(preset_rows):
     print(aot.table(preset_rows))
 
 
+def _signature(ttir: str, kernel: str) -> str:
+    """The parameter list of `kernel`'s `tt.func` in Triton's TTIR."""
+    found = re.search(rf"tt\.func public @{kernel}\((.*?)\) attributes", ttir, re.DOTALL)
+    assert found is not None, kernel
+    return found.group(1)
+
+
+def test_compiled_variants_are_the_jits_specialisations(preset_rows):
+    """The AOT compiles are the variants a GPU's JIT makes at the presets' shapes: every integer
+    argument divisible by 16 carries `tt.divisibility = 16`, one equal to 1 is a constant (gone from
+    the signature), any other integer has no attribute, and every pointer is 16-byte aligned; worked
+    out here from the recorded arguments' values, and read from the compiled TTIR. (`preset_rows`:
+    the compiles are in Triton's cache.)"""
+    checked = 0
+    for name, target in aot.TARGETS.items():
+        seen: set[tuple] = set()
+        for case in aot.preset_cases():
+            for launch in aot.record_case(case, target):
+                if aot.specialisation(launch) in seen:  # `paper`'s launches are `standard`'s
+                    continue
+                seen.add(aot.specialisation(launch))
+                ttir = compile_launch(launch, GPUTarget("cuda", target.capability, 32)).asm["ttir"]
+                signature = _signature(ttir, launch.name)
+                params = [param for param in launch.kernel.params if not param.is_constexpr]
+                for param, value in zip(params, launch.args):
+                    declared = re.search(rf"%{param.name}: ([^ ]+)( \{{[^}}]*\}})? loc", signature)
+                    if isinstance(value, torch.Tensor):
+                        assert declared and "tt.divisibility = 16" in (declared.group(2) or ""), (
+                            launch.name,
+                            param.name,
+                        )
+                    elif isinstance(value, int) and value == 1:
+                        assert declared is None, (name, launch.name, param.name)
+                    elif isinstance(value, int):
+                        divisible = "tt.divisibility = 16" in ((declared and declared.group(2)) or "")
+                        assert declared and divisible == (value % 16 == 0), (name, launch.name, param.name, value)
+                        checked += value % 16 == 0
+    assert checked > 0
+
+
+def test_the_fp32_ray_kernels_keep_headroom_under_a_128_register_cap():
+    """The fp32 ray forward and query-gradient kernels at the presets (8 warps at 16-wide tiles) fit
+    in 128 registers a thread without spilling on either GPU (`maxnreg=128`, a cap no launch sets:
+    the margin below the edge where, with 4 warps, the H100's query-gradient kernel spilled)."""
+    for target in aot.TARGETS.values():
+        for case in aot.preset_cases(("quick", "standard")):
+            if case.dtype != "fp32":
+                continue
+            for launch in aot.record_case(case, target):
+                if launch.name not in ("_ray_forward_kernel", "_ray_query_grad_kernel"):
+                    continue
+                assert launch.options["num_warps"] == 8, launch.name
+                capped = replace(launch, options={**launch.options, "maxnreg": 128})
+                report = aot.ptxas_report(
+                    compile_launch(capped, GPUTarget("cuda", target.capability, 32)).asm["ptx"], target
+                )
+                assert report["spill_stores"] + report["spill_loads"] == 0 and report["registers"] <= 128, (
+                    target.name,
+                    case.label,
+                    launch.name,
+                    report,
+                )
+
+
 def test_ptxas_reports_on_the_code_triton_assembled(tmp_path):
     """The registers `triton_aot` reads from its own `ptxas -v` run are those of the cubin Triton
     built (cuobjdump's resource usage): same PTX, same flags."""
@@ -111,13 +175,14 @@ def test_ptxas_reports_on_the_code_triton_assembled(tmp_path):
 
 
 def test_the_spill_check_sees_spills():
-    """Control: the ray query-gradient kernel with the tensor cores' TF32 layouts and 32-row tiles (the
-    configuration it left because it spilled) does spill, so the preset test's zero is measured."""
+    """Control: the ray query-gradient kernel with the tensor cores' TF32 layouts, 32-row tiles and 4
+    warps (the configuration it left because it spilled) does spill, so the preset test's zero is measured."""
     case = next(case for case in aot.preset_cases(("standard",)) if case.dtype == "bf16")
     target = aot.TARGETS["sm_80"]
     launch = next(launch for launch in aot.record_case(case, target) if launch.name == "_ray_query_grad_kernel")
     assert launch.options["DOT_PRECISION"] == "ieee" and launch.options["BLOCK_S"] == 16
-    spilling = replace(launch, options={**launch.options, "DOT_PRECISION": "tf32", "BLOCK_S": 32})
+    assert launch.options["num_warps"] == 8
+    spilling = replace(launch, options={**launch.options, "DOT_PRECISION": "tf32", "BLOCK_S": 32, "num_warps": 4})
     report = aot.ptxas_report(compile_launch(spilling, GPUTarget("cuda", 80, 32)).asm["ptx"], target)
     assert report["spill_stores"] > PRESET_SPILL_BUDGET and report["registers"] == 255, report
 

@@ -472,13 +472,24 @@ class _RayConfig:
         takes 16-row tiles and exact fp32 products (130-140 registers; its dots are [16, 16] x [16, 16],
         a few GFLOP a training step, well within the FMA units' time for its memory traffic). From
         d = 64 the key-gradient kernel's TF32 operands alone took 280 KB of shared memory at d = 128,
-        more than an H100 has: exact fp32 products there too (168 KB)."""
+        more than an H100 has: exact fp32 products there too (168 KB).
+
+        At 16-wide tiles (the presets' heads, packed) the exact-fp32 forward and the query-gradient
+        kernel take 8 warps: with 4, their FMA dots' operands (the loop-invariant statistics among
+        them) held 128-142 registers a thread, at the edge of spilling (under a 128-register cap the
+        H100's query-gradient kernel spilled); with 8 each thread holds half the rows, 80-105
+        registers at the presets on A100 and H100, no spill even under that cap. The products and
+        sums are the same; only their split over threads changes."""
         query_grad = kernel == "query_grad"
         exact = query_grad or (kernel == "key_grad" and self.block_d >= 64)
+        precision = "ieee" if exact else self.dot_precision
+        warps = self.num_warps
+        if self.block_d == MIN_BLOCK and kernel != "key_grad" and precision == "ieee":
+            warps = 8
         options: dict[str, object] = dict(
             HEAD_DIM=head_dim, BOUND=EXPONENT_CLAMP, HAS_VISIBLE=has_visible, SLOT=self.slot, GROUP=self.group,
-            BLOCK_S=16 if query_grad else self.block_s, BLOCK_D=self.block_d, num_warps=self.num_warps,
-            DOT_PRECISION="ieee" if exact else self.dot_precision,
+            BLOCK_S=16 if query_grad else self.block_s, BLOCK_D=self.block_d, num_warps=warps,
+            DOT_PRECISION=precision,
         )  # fmt: skip
         if kernel != "key_grad":
             options["EPS"] = EPSILON
