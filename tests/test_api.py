@@ -62,7 +62,8 @@ def _same_as_eval(model, scene, eval_keys, tmp_path: Path, protocols=("standard"
         assert result.returncode == 0, result.stderr[-3000:]
         command = read_metrics(out)
         ours = model.evaluate(scene, protocol=protocol, out_dir=tmp_path / f"api_{protocol}")
-        for key in ("scene", "protocol", "lpips_net", "resolution", "metric_settings", "n_samples", "mean", "per_image"):
+        keys = ("scene", "protocol", "lpips_net", "resolution", "metric_settings", "n_samples", "mean", "per_image")
+        for key in keys:
             assert ours.document[key] == command[key], key
         assert ours.mean == command["mean"] and ours.per_image == command["per_image"]
         if protocol == "standard":  # every pixel: the rendered images are eval's
