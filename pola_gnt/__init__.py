@@ -19,3 +19,31 @@ if os.environ.get("POLA_GNT_CHECK_SHAPES") == "1":
     install_import_hook(CHECKED_PACKAGES, "beartype.beartype(conf=beartype.BeartypeConf(is_pep484_tower=True))")
 
 __version__ = "0.1.0"
+
+# The Python API (`pola_gnt.api`, docs/python_api.md), imported on first use of one of its names:
+# `import pola_gnt` itself stays cheap (no torch, no Lightning).
+API_NAMES = (
+    "Camera",
+    "Evaluation",
+    "Model",
+    "PointCloud",
+    "RenderCancelled",
+    "Rendering",
+    "Scene",
+    "UserError",
+    "fine_tune",
+    "load_model",
+    "load_scene",
+)
+
+
+def __getattr__(name: str):
+    if name in API_NAMES:
+        from pola_gnt import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *API_NAMES])

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 
-from pola_gnt.apps.trained_runs import load_trained_checkpoint
+from pola_gnt.apps.trained_runs import TrainedCheckpoint, load_trained_checkpoint
 from pola_gnt.data.datamodule import SceneDataModule
+from pola_gnt.data.scene import Scene
 from pola_gnt.data.scene_loading import load_scene
 from pola_gnt.runs.config.stored import TrainedRunConfig
 
@@ -19,8 +20,13 @@ def evaluate(run: TrainedRunConfig, run_dir: Path) -> dict | None:
     """Test the checkpoint on the held-out views; return the `metrics.json` document (None on the
     ranks other than 0)."""
     trained = load_trained_checkpoint(run)
+    return evaluate_trained(trained, load_scene(trained.settings.scene, trained.settings.data), run_dir)
+
+
+def evaluate_trained(trained: TrainedCheckpoint, scene: Scene, run_dir: Path) -> dict | None:
+    """`evaluate` of a loaded checkpoint on its loaded `scene` (the one its settings name): the test
+    phase writes `metrics.json`, `metrics.csv` and `test_views/` into `run_dir` (`pola_gnt.api` too)."""
     settings = trained.settings
-    scene = load_scene(settings.scene, settings.data)
     trained.system.prepare_test(scene, run_dir)
     # The machine settings (accelerator, precision, devices) are the command line's; nothing is logged
     # or checkpointed: the results are the files written by the test phase.

@@ -79,6 +79,46 @@ def scaled_intrinsics(intrinsics: Tensor, size: tuple[int, int], scaled_size: tu
     return scaled
 
 
+def render_frame(
+    net: RenderNetwork,
+    scene: Scene,
+    encoded: EncodedViews,
+    c2w: Tensor,
+    intrinsics: Tensor,
+    height: int,
+    width: int,
+    num_source_views: int,
+    sampler: DepthSampler,
+    chunk_rays: int,
+    fabric: Fabric,
+    workers: int = 1,
+    cancelled: Callable[[], bool] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    peak_weights: list[Tensor] | None = None,
+) -> RenderedImage:
+    """One frame of a camera of its own (`c2w` `[4, 4]`, `intrinsics` `[3, 3]`, `height` x `width`)
+    from its `num_source_views` nearest training cameras (`frame_source_views`), their features from
+    `encoded`; `cancelled`, `progress`, `peak_weights`: `render_image`'s. Videos, the viewer's camera
+    paths and `pola_gnt.api` render a camera so."""
+    with fabric.autocast():
+        sources = encoded(frame_source_views(scene, c2w, num_source_views))
+        return render_image(
+            net,
+            c2w.to(fabric.device),
+            intrinsics.to(fabric.device),
+            height,
+            width,
+            sources,
+            scene.depth_range,
+            sampler,
+            chunk_rays,
+            workers=workers,
+            cancelled=cancelled,
+            progress=progress,
+            peak_weights=peak_weights,
+        )
+
+
 def render_frames(
     net: RenderNetwork,
     scene: Scene,
@@ -89,29 +129,31 @@ def render_frames(
     fabric: Fabric,
     frames: Iterable[int] | None = None,
     workers: int = 1,
+    peak_weights: list[Tensor] | None = None,
 ) -> Iterator[tuple[int, RenderedImage]]:
     """Render the frames `frames` (default: all) of `path`, colour and depth, each from its
     `num_source_views` nearest training cameras; yields (frame index, image). A frame's pixels
     depend on its camera alone (same chunks, same order), so any subset renders as in a whole run.
-    `workers`: chunks rendered at once (`render_rays`; the same pixels)."""
+    `workers`: chunks rendered at once (`render_rays`; the same pixels); `peak_weights`: each frame's
+    `[H, W]` appended (`render_image`)."""
     intrinsics = fov_intrinsics(path.fov, path.height, path.width).to(fabric.device)  # [frames, 3, 3]
     encoded = EncodedViews(net, scene, fabric.device, workers)  # each training view encoded once per video
     for index in range(len(path)) if frames is None else frames:
-        c2w = path.c2w[index]
-        with fabric.autocast():
-            sources = encoded(frame_source_views(scene, c2w, num_source_views))
-            rendered = render_image(
-                net,
-                c2w.to(fabric.device),
-                intrinsics[index],
-                path.height,
-                path.width,
-                sources,
-                scene.depth_range,
-                sampler,
-                chunk_rays,
-                workers=workers,
-            )
+        rendered = render_frame(
+            net,
+            scene,
+            encoded,
+            path.c2w[index],
+            intrinsics[index],
+            path.height,
+            path.width,
+            num_source_views,
+            sampler,
+            chunk_rays,
+            fabric,
+            workers,
+            peak_weights=peak_weights,
+        )
         yield index, rendered
 
 

@@ -215,14 +215,17 @@ def render_image(
     workers: int = 1,
     cancelled: Callable[[], bool] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    peak_weights: list[Tensor] | None = None,
 ) -> RenderedImage:
     """Render the camera (`c2w` `[4, 4]`, `intrinsics` `[3, 3]`) at every `stride`-th pixel, in square
     tiles of about `chunk_rays` pixels (`tile_order`; `workers`, `cancelled`, `progress`: `render_rays`,
-    the rendered pixels an `ImageRays`)."""
+    the rendered pixels an `ImageRays`). `peak_weights`, when given, gets the read-out's largest weight per
+    pixel `[rows, cols]` appended (`render_rays(peak_weights=)`, back in row order)."""
     rows, cols = len(range(0, height, stride)), len(range(0, width, stride))
     order = tile_order(rows, cols, chunk_rays, device=c2w.device)
     pixels = pixel_grid(rows, cols, device=c2w.device)[order] * stride
     rays = pixel_rays(c2w, intrinsics, pixels)
+    tiled_peaks: list[Tensor] | None = [] if peak_weights is not None else None
     tiled_rgb, tiled_depth = render_rays(
         model,
         rays,
@@ -233,10 +236,15 @@ def render_image(
         workers,
         cancelled,
         progress,
+        peak_weights=tiled_peaks,
         image=ImageRays(rows, cols, order),
     )
     rgb, depth = torch.empty_like(tiled_rgb), torch.empty_like(tiled_depth)
     rgb[order], depth[order] = tiled_rgb, tiled_depth
+    if peak_weights is not None and tiled_peaks is not None:
+        peak = torch.empty_like(tiled_depth)
+        peak[order] = torch.cat(tiled_peaks)
+        peak_weights.append(peak.reshape(rows, cols))
     return RenderedImage(rgb=rgb.reshape(rows, cols, 3), depth=depth.reshape(rows, cols))
 
 

@@ -5,6 +5,7 @@ loader build it; it sits above the model and the scoring it joins."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -39,7 +40,7 @@ from pola_gnt.model.inference import (
     resolve_render_precision,
 )
 from pola_gnt.model.render_memory import budget_chunk_rays, render_workers
-from pola_gnt.model.renderer import chunk_threads, render_image
+from pola_gnt.model.renderer import RenderedImage, chunk_threads, render_image
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.checkpoints import (
     TRAINING_RECORD,
@@ -233,35 +234,68 @@ class GNTSystem(pl.LightningModule):
         self._rendering = self.rendering_network(self.device)
         self._prior_images = PriorImageCache()  # by the scene's view: what the prior computes of its image
 
-    def test_step(self, batch: ViewBatch, batch_idx: int) -> None:
-        scene = self._test_scene()
+    def render_view(
+        self,
+        network: GNT | FastRenderNetwork,
+        scene: Scene,
+        sources: SourceBatch,
+        c2w: torch.Tensor,
+        intrinsics: torch.Tensor,
+        stride: int = 1,
+        prior_images: PriorImageCache | None = None,
+        cancelled: Callable[[], bool] | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        peak_weights: list[torch.Tensor] | None = None,
+    ) -> RenderedImage:
+        """One full image of `scene` from the camera (`c2w`, `intrinsics`) as the test phase renders a
+        held-out view: the source batch encoded at once, the read-out prior's part of each source image
+        (kept in `prior_images` by the scene's view, when given), every `stride`-th pixel in the chunks
+        and workers of `render.*` on this module's device (`render_image`; `cancelled`, `progress`,
+        `peak_weights`: its). The test phase and `pola_gnt.api` render through it."""
         settings = self.settings
         height, width = scene.resolution
-        network = self._rendering or self.net
         views = settings.data.num_source_views
         chunk_rays = budget_chunk_rays(settings.render, settings.model.net, views, self.device)
         workers = render_workers(settings.render, settings.model.net, views, chunk_rays, self.device)
-        sources = network.source_views(batch.sources.images, batch.sources.c2w, batch.sources.intrinsics)
+        encoded = network.source_views(sources.images, sources.c2w, sources.intrinsics)
         # The read-out prior's part of each source image, once per test phase (the test views share sources).
-        images = batch.sources.images
+        cache = prior_images if prior_images is not None else PriorImageCache()
+        images = sources.images
         with chunk_threads(workers):
             prior = [
-                self._prior_images.get(int(view), lambda i=i: network.prior_image(images[i : i + 1]))
-                for i, view in enumerate(batch.sources.ids)
+                cache.get(int(view), lambda i=i: network.prior_image(images[i : i + 1]))
+                for i, view in enumerate(sources.ids)
             ]
-        sources.keep_prior_images(network, prior)
-        rendered = render_image(
+        encoded.keep_prior_images(network, prior)
+        return render_image(
             network,
-            batch.c2w,
-            batch.intrinsics,
+            c2w,
+            intrinsics,
             height,
             width,
-            sources,
+            encoded,
             scene.depth_range,
             self.sampler,
             chunk_rays,
-            stride=render_stride(settings.metrics.protocols),
+            stride=stride,
             workers=workers,
+            cancelled=cancelled,
+            progress=progress,
+            peak_weights=peak_weights,
+        )
+
+    def test_step(self, batch: ViewBatch, batch_idx: int) -> None:
+        scene = self._test_scene()
+        settings = self.settings
+        network = self._rendering or self.net
+        rendered = self.render_view(
+            network,
+            scene,
+            batch.sources,
+            batch.c2w,
+            batch.intrinsics,
+            stride=render_stride(settings.metrics.protocols),
+            prior_images=self._prior_images,
         )
         # One render scored by every protocol: each takes its own pixels of it (every 2nd for GNT's), the
         # first protocol's views are the ones kept for the PNGs.

@@ -18,8 +18,8 @@ from lightning_fabric import Fabric
 from tqdm import tqdm
 
 from pola_gnt.apps.export.files import json_bytes, write_camera_files, write_depth_files
-from pola_gnt.apps.export.fusion import check_not_empty, fuse_point_cloud, kept_pixels
-from pola_gnt.apps.export.ply import write_mesh, write_point_cloud
+from pola_gnt.apps.export.fusion import KeptPixels, check_not_empty, fuse_point_cloud, kept_pixels
+from pola_gnt.apps.export.ply import PointCloud, write_mesh, write_point_cloud
 from pola_gnt.apps.export.tsdf import import_marching_cubes, tsdf_mesh
 from pola_gnt.apps.export.views import RenderedView, check_depth, export_views, render_export_view
 from pola_gnt.apps.frames import EncodedViews
@@ -91,6 +91,17 @@ class ExportedFiles:
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
 
 
+def point_cloud_of(
+    rendered: list[RenderedView], settings: ExportSettings, seed: int
+) -> tuple[PointCloud, dict[str, int], KeptPixels]:
+    """The point cloud of the rendered views: the pixels every filter keeps (one line when a filter
+    keeps none), fused, thinned by voxel and cap (`seed`); the counts after each filter, the kept pixels."""
+    kept = kept_pixels(rendered, settings)
+    check_not_empty(kept, rendered, settings)
+    cloud, counts = fuse_point_cloud(rendered, kept, settings, seed)
+    return cloud, counts, kept
+
+
 def export_rendered(
     rendered: list[RenderedView], scene: Scene, settings: ExportSettings, out_dir: Path, seed: int
 ) -> ExportedFiles:
@@ -109,9 +120,7 @@ def export_rendered(
         timed("depth")
     if "pointcloud" not in settings.outputs and "mesh" not in settings.outputs:
         return written
-    kept = kept_pixels(rendered, settings)
-    check_not_empty(kept, rendered, settings)
-    cloud, written.counts = fuse_point_cloud(rendered, kept, settings, seed)
+    cloud, written.counts, kept = point_cloud_of(rendered, settings, seed)
     timed("filter")
     if "pointcloud" in settings.outputs:
         write_point_cloud(out_dir / POINT_CLOUD_FILE, cloud)
