@@ -1,6 +1,7 @@
 """Time what a user waits for with the shipped checkpoints, both models side by side from one run.
 
     python scripts/bench_shipped.py [--models pola_gnt gnt] [--scene fern] [--frames 5] [--out FILE.json]
+                                    [--set KEY=VALUE ...]
 
 Parts (each model's in its own child process, the models alternating part by part, so a busy spell of
 a shared machine slows both alike; each child's peak resident memory is its own):
@@ -12,7 +13,9 @@ a shared machine slows both alike; each child's peak resident memory is its own)
 
 Both use the machine's render settings (`render.precision=auto`, the CPU pass's rays and workers of
 `model.render_memory`), as `render_video` and `eval` do. For the demo scene (`--scene demo`) the
-factors are 32 and 16 (a check of the script, not a figure).
+factors are 32 and 16 (a check of the script, not a figure). `--set` gives both models the same config
+keys, as on the commands' line (e.g. `--set "model.net.readout_neighbour_windows=[0,0.005,0.01,0.02,0.04]"`:
+the prior's neighbours, issue 49); a key the checkpoint refuses is the child's `error:` line.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ SCENE_FACTORS = {"frame": 8, "view": 4}
 DEMO_FACTORS = {"frame": 32, "view": 16}
 
 
-def measure(model: str, part: str, scene_name: str, frames: int) -> dict:
+def measure(model: str, part: str, scene_name: str, frames: int, keys: list[str]) -> dict:
     """One part of one shipped model, in this process."""
     from pola_gnt.core.process import prepare_process
 
@@ -54,7 +57,7 @@ def measure(model: str, part: str, scene_name: str, frames: int) -> dict:
 
     register_config()
     factor = (DEMO_FACTORS if scene_name == "demo" else SCENE_FACTORS)[part]
-    overrides = [f"ckpt_path=pretrained:{model}", f"scene={scene_name}", f"data.factor={factor}"]
+    overrides = [f"ckpt_path=pretrained:{model}", f"scene={scene_name}", f"data.factor={factor}", *keys]
     run = trained_run_config(compose_config(*overrides), Path("outputs/bench_shipped"), overrides)
     trained = load_trained_checkpoint(run)
     settings = trained.settings
@@ -127,17 +130,19 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
     parser.add_argument("--frames", type=int, default=5, help="frames timed after the first")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config key for both models")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "PART"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.frames < 1:
         raise UserError("--frames must be at least 1")
     if args.child:
-        print(json.dumps(measure(*args.child, args.scene, args.frames)))
+        print(json.dumps(measure(*args.child, args.scene, args.frames, args.set)))
         return
     rows = []
     for part in args.parts:
         for model in args.models:
             command = [sys.executable, __file__, "--scene", args.scene, "--frames", str(args.frames)]
+            command += [f"--set={key}" for key in args.set]
             result = subprocess.run([*command, "--child", model, part], capture_output=True, text=True)
             if result.returncode != 0:  # its `error:` line (a bad scene, a missing data root), else all it said
                 errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]

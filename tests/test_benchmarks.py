@@ -166,6 +166,8 @@ def test_bench_shipped_bad_input_is_one_error_line():
     assert_one_error_line(frames, "--frames must be at least 1")
     scene = [sys.executable, script, "--scene", "nowhere", "--parts", "frame", "--models", "gnt"]
     assert_one_error_line(subprocess.run(scene, capture_output=True, text=True), "scene/nowhere")
+    key = [*scene[:3], "demo", *scene[4:], "--set", "model.net.readout_neighbour_windows=[0.9]"]
+    assert_one_error_line(subprocess.run(key, capture_output=True, text=True), "readout_neighbour_windows[0]")
 
 
 @pytest.mark.slow
