@@ -33,6 +33,7 @@ def _tiny(key: str) -> int:
     return int(next(o for o in TINY_OVERRIDES if o.startswith(f"{key}=")).split("=")[1])
 
 
+@pytest.mark.slow  # about 1 min of a 2-core CPU with its run's setup
 def test_analyze_pola_checkpoint_writes_figures_and_numbers(tiny_runs, tmp_path):
     checkpoint = tiny_runs["pola_gnt"] / "checkpoints" / "last.ckpt"
     result = run_module("analyze", f"ckpt_path={checkpoint}", "analyze.n_rays=64", f"hydra.run.dir={tmp_path}")

@@ -24,6 +24,7 @@ def run_script(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.slow  # every part at toy sizes: 45-90 s of a 2-core CPU
 def test_dry_run_runs_every_part_and_its_figures_fit_together(tmp_path):
     pytest.importorskip("triton", reason="the attention benchmark's and the tests' Triton imports")
     result = run_script(str(tmp_path), "--dry-run")

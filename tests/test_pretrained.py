@@ -56,7 +56,15 @@ def test_finetuning_a_shipped_checkpoint_takes_its_network_and_views(name):
     assert network["readout_score_bound"] == 0.0
     # Keys the checkpoint lacks (added to the project after it was trained) at its model's own values.
     completed = container_dict(completed_run_config(stored, cfg).model.net)
-    assert set(completed) - set(stored["model"]["net"]) == {"working_size"} and completed["working_size"] == 0
+    added = {key: completed[key] for key in set(completed) - set(stored["model"]["net"])}
+    assert added == {
+        "working_size": 0,
+        # issue 49's geometry, each off
+        "readout_neighbour_windows": [],
+        "readout_composite_temperature": 0.0,
+        "readout_composite_share": 1.0,
+        "readout_agreement_input": False,
+    }
     assert network == {**completed, "readout_score_bound": 0.0}
 
 

@@ -171,8 +171,17 @@ def _readout(request, name: str) -> dict:
     return overrides
 
 
+# The default run checks the quick preset's read-out and the shipped checkpoints' (the feature consistency);
+# every other read-out runs with `-m slow` (each of these tests takes 5-15 s of a 2-core CPU).
+DEFAULT_READOUTS = ("quick", "consistency_features")
+
+
+def readout_cases(names) -> list:
+    return [name if name in DEFAULT_READOUTS else pytest.param(name, marks=pytest.mark.slow) for name in names]
+
+
 @pytest.mark.parametrize("kind", ["pola_gnt", "gnt"])
-@pytest.mark.parametrize("readout", list(READOUTS))
+@pytest.mark.parametrize("readout", readout_cases(READOUTS))
 def test_the_moved_computations_equal_the_network_in_fp32(kind, readout, request):
     """Projected feature maps, the colour term per sample, the direction code per ray and the split
     fusion layer: each the same function as the GNT's forward, to 1e-4 (rounding only); with each
@@ -235,7 +244,8 @@ FUSED_KERNELS = {
 
 @pytest.mark.parametrize("kind", ["pola_gnt", "gnt"])
 @pytest.mark.parametrize(
-    "readout", ["quick", "view_blend", "consistency_levels", "source_colour_only", "consistency_features"]
+    "readout",
+    readout_cases(["quick", "view_blend", "consistency_levels", "source_colour_only", "consistency_features"]),
 )
 def test_bf16_rendering_is_close_to_the_network_and_finite(kind, kernel_forms, readout, request):
     """bf16 weights and activations; fp32 feature maps, norms, softmax and read-out; fp32 outputs.
