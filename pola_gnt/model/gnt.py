@@ -195,8 +195,10 @@ def gather_source_samples(
     colour_levels: int = 1,
     consistency: ConsistencyFeatures | None = None,
     working_factor: int = 1,
+    features: bool = True,
 ) -> GatheredSamples:
-    """Project `points` `[rays, samples, 3]` into every source view and read colour and features.
+    """Project `points` `[rays, samples, 3]` into every source view and read colour and features
+    (`features` False: the colour alone, `values` `[..., 3]`: what the prior's statistics read).
 
     `target_centers` `[rays, 3]` are the ray origins. Colours are read from the full-resolution
     images; the feature maps at the same normalised coordinates (`align_corners=True`, so an integer
@@ -224,8 +226,10 @@ def gather_source_samples(
         )
         grid = pixels_to_grid(projection.pixels, height, width).flatten(1, 2)  # [views, rays * samples, 2]
         rgb = _bilinear_read(sources.images.float(), grid, padding_mode)  # [views, rays * samples, 3]
-        features = _bilinear_read(sources.features.float(), grid, padding_mode)  # [views, rays * samples, C]
-        values = torch.cat([rgb, features], dim=-1)
+        values = rgb
+        if features:
+            read = _bilinear_read(sources.features.float(), grid, padding_mode)  # [views, rays * samples, C]
+            values = torch.cat([rgb, read], dim=-1)
         # [views, rays * samples, 3 + C] -> [rays, samples, views, 3 + C]
         values = values.unflatten(1, (n_rays, n_samples)).permute(1, 2, 0, 3)
         visible = projection.visible.permute(1, 2, 0)  # [rays, samples, views]
@@ -627,10 +631,16 @@ class GNT(nn.Module):
         return {"encoder": encoder, "transformer": total - encoder}
 
     def gather(
-        self, rays: Rays, depths: Float[Tensor, "rays samples"], sources: SourceViews, prior: bool = True
+        self,
+        rays: Rays,
+        depths: Float[Tensor, "rays samples"],
+        sources: SourceViews,
+        prior: bool = True,
+        features: bool = True,
     ) -> GatheredSamples:
         """`gather_source_samples` of `rays` at `depths` as this network reads them (`prior`: with what the
-        read-out's prior reads besides the colours and features, where it has one)."""
+        read-out's prior reads besides the colours and features, where it has one; `features`: the encoder's
+        features too)."""
         settings = self.settings
         reads_prior = prior and self.readout.needs_source_colours
         return gather_source_samples(
@@ -641,6 +651,7 @@ class GNT(nn.Module):
             settings.readout_consistency_levels if reads_prior else 0,
             self.consistency_features if reads_prior else None,
             self.working_factor(sources.images),
+            features=features,
         )
 
     def agreement(self, gathered: GatheredSamples) -> SampleAgreement:
@@ -657,8 +668,9 @@ class GNT(nn.Module):
         self, rays: Rays, depths: Float[Tensor, "rays samples"], sources: SourceViews
     ) -> SampleAgreement:
         """`agreement` of `rays` at `depths`, each ray alone: what a render aggregates over its whole image
-        before the network runs (`model.renderer`, `model.neighbours`)."""
-        return self.agreement(self.gather(rays, depths, sources))
+        before the network runs (`model.renderer`, `model.neighbours`). The colours alone: the features are
+        the network's, read in its own pass."""
+        return self.agreement(self.gather(rays, depths, sources, features=False))
 
     def aggregate(self, agreement: SampleAgreement, grid: RayGrid | None) -> SampleAgreement:
         """The spread of `agreement` averaged over the neighbour windows of its rays' `grid`
