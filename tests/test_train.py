@@ -94,8 +94,9 @@ def test_ranks_and_steps_draw_different_rays():
 
 
 def test_lightning_moves_every_tensor_of_a_typed_batch():
-    """Lightning's device transfer walks the batch dataclasses, the `Rays` and the sources included."""
-    cfg = compose_config(*TINY_OVERRIDES, "data.crop=[40,60]")
+    """Lightning's device transfer walks the batch dataclasses, the `Rays`, the sources and the rays' patch
+    grid included (Lightning rebuilds every dataclass of a batch field by field: a frozen one fails)."""
+    cfg = compose_config(*TINY_OVERRIDES, "data.crop=[40,60]", "data.ray_patch_size=4")
     scene = load_scene(*scene_and_data(cfg))
     step = TrainSteps(scene, read_run_settings(cfg).data, 2, seed=0, rank=0)[1]
     moved_step = apply_to_collection(step, torch.Tensor, lambda tensor: tensor.double())
@@ -111,6 +112,7 @@ def test_lightning_moves_every_tensor_of_a_typed_batch():
     }
     assert all(t.dtype == torch.float64 for t in tensors.values()), {k: t.dtype for k, t in tensors.items()}
     assert isinstance(moved, RayBatch) and isinstance(moved.rays, Rays) and moved.step == 1
+    assert batch.grid is not None and moved.grid == batch.grid
     assert batch.rays.origins.dtype == torch.float32  # the loader's batch is left as it was
     assert move_data_to_device(batch, torch.device("cpu")).rays.origins.data_ptr() == batch.rays.origins.data_ptr()
     assert batch.sources.images.shape[-2:] == (40, 60)  # the crop applies to the sources in their dataclass

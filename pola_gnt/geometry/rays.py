@@ -29,7 +29,7 @@ class Rays:
         return Rays(self.origins.to(device), self.directions.to(device))
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen: Lightning moves a batch to its device by rebuilding its dataclasses field by field
 class RayGrid:
     """How a batch's rays lie on pixel grids: `patches` grids of `rows` x `cols` rays one after another,
     each row-major, neighbouring rays a pixel apart in an image whose longer side is `image_size` rays
