@@ -25,6 +25,7 @@ Every function here is a layer over what a command does, with nothing computed d
 Bad input raises the commands' one-line `UserError` (`pola_gnt.core.errors`); nothing here exits.
 """
 
+from pola_gnt import API_NAMES
 from pola_gnt.api.core import (
     Camera,
     Evaluation,
@@ -40,17 +41,4 @@ from pola_gnt.api.core import (
     load_scene,
 )
 
-__all__ = [
-    "Camera",
-    "Evaluation",
-    "Model",
-    "PointCloud",
-    "Progress",
-    "RenderCancelled",
-    "Rendering",
-    "Scene",
-    "UserError",
-    "fine_tune",
-    "load_model",
-    "load_scene",
-]
+__all__ = list(API_NAMES)

@@ -45,21 +45,6 @@ from pola_gnt.runs.config.stored import (
 )
 from pola_gnt.runs.settings import RunSettings
 
-__all__ = [
-    "Camera",
-    "Evaluation",
-    "Model",
-    "PointCloud",
-    "Progress",
-    "RenderCancelled",
-    "Rendering",
-    "Scene",
-    "UserError",
-    "fine_tune",
-    "load_model",
-    "load_scene",
-]
-
 PRECISIONS = ("auto", "fp32", "bf16")  # render.precision
 PROTOCOLS = ("standard", "gnt")  # metrics.protocol
 SCENE_KINDS = ("auto", *KIND_FILES)  # load_scene(kind=): the folder kinds a path may hold
