@@ -5,12 +5,11 @@ shows the comparison can fail."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import torch
 from helpers import TINY_OVERRIDES, net_settings
+from helpers.networks import perturbed_quick_net, random_source_views
 
 from pola_gnt.core.errors import UserError
 from pola_gnt.data.datamodule import TrainSteps
@@ -97,23 +96,11 @@ def test_front_to_back_weights_let_the_first_consistent_sample_hide_those_behind
 
 
 def _quick_net(seed: int = 0, **overrides) -> GNT:
-    settings = read_run_settings(compose_config("model=pola_gnt", "experiment=quick", "trainer=cpu")).model.net
-    torch.manual_seed(seed)
-    net = GNT(replace(settings, **overrides)).eval()
-    with torch.no_grad():  # the zero-initialised read-out perturbed, so that the learned parts matter
-        for parameter in net.readout.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.2)
-    return net
+    return perturbed_quick_net("pola_gnt", seed, **overrides)
 
 
 def _sources(net: GNT, height: int = 36, width: int = 44, views: int = 4):
-    generator = torch.Generator().manual_seed(3)
-    intrinsics = torch.tensor([[0.8 * width, 0.0, width / 2], [0.0, 0.8 * width, height / 2], [0.0, 0.0, 1.0]])
-    c2w = torch.eye(4).repeat(views, 1, 1)
-    c2w[:, :2, 3] = (torch.rand(views, 2, generator=generator) - 0.5) * 1.2
-    images = torch.rand(views, 3, height, width, generator=generator)
-    with torch.no_grad():
-        return net.source_views(images, c2w, intrinsics.expand(views, 3, 3).clone()), intrinsics
+    return random_source_views(net, height, width, views, seed=3)
 
 
 @pytest.mark.parametrize("precision", ["exact", "fp32"])

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.kernel_calls import count_kernel_calls
+from helpers.networks import perturbed_quick_net, random_source_views
 
 from pola_gnt.attention import cpu_extension
 from pola_gnt.attention.ray.cpu_form import samples_conv_cpu
@@ -64,7 +65,7 @@ def test_auto_picks_bf16_where_the_cpu_has_it_and_fp32_elsewhere(tmp_path, monke
 
 
 def test_fp32_renders_with_the_network_itself_and_says_so(capsys):
-    net = _net("pola_gnt")
+    net = perturbed_quick_net("pola_gnt")
     inference._announce.cache_clear()  # the line is printed once per process
     fp32 = resolve_render_precision("fp32", torch.device("cpu"))
     assert render_network(net, fp32) is net  # training's forward: today's outputs bit for bit
@@ -91,29 +92,10 @@ def test_a_misspelt_precision_is_one_error_line():
 # The fast network: the same function as the GNT
 
 
-def _net(kind: str, seed: int = 0, **overrides) -> GNT:
-    """The quick preset's network of `kind` with random weights; the zero-initialised read-out layers
-    perturbed so that the learned colour and scores matter."""
-    settings = read_run_settings(compose_config(f"model={kind}", "experiment=quick", "trainer=cpu")).model.net
-    torch.manual_seed(seed)
-    net = GNT(replace(settings, **overrides)).eval()
-    with torch.no_grad():
-        perturbed = [*net.readout.parameters(), *(net.view_blend.parameters() if net.view_blend else [])]
-        for parameter in perturbed:
-            parameter.add_(torch.randn_like(parameter) * 0.2)
-    return net
-
-
 def _rig(net: GNT, height: int = 40, width: int = 48, views: int = 4):
     """Source views around a target camera; the rays of the target cover the whole image, so some
     samples fall outside some views (and some outside every view) near the borders."""
-    generator = torch.Generator().manual_seed(1)
-    intrinsics = torch.tensor([[0.8 * width, 0.0, width / 2], [0.0, 0.8 * width, height / 2], [0.0, 0.0, 1.0]])
-    c2w = torch.eye(4).repeat(views, 1, 1)
-    c2w[:, :2, 3] = (torch.rand(views, 2, generator=generator) - 0.5) * 1.2
-    images = torch.rand(views, 3, height, width, generator=generator)
-    with torch.no_grad():
-        sources = net.source_views(images, c2w, intrinsics.expand(views, 3, 3).clone())
+    sources, intrinsics = random_source_views(net, height, width, views, seed=1)
     rays = pixel_rays(torch.eye(4), intrinsics, pixel_grid(height, width))
     return sources, rays, sample_depths(1.0, 12.0, len(rays), 24, jitter=False)
 
@@ -188,7 +170,7 @@ def test_the_moved_computations_equal_the_network_in_fp32(kind, readout, request
     read-out (the quick preset's, GNT's, the source colour blended over the views, the prior's spread
     over 4 blur levels, the source colour without the learned residual, the source colour weighted by
     the views' angles, the feature consistency, the learned scores bounded)."""
-    net = _net(kind, **_readout(request, readout))
+    net = perturbed_quick_net(kind, **_readout(request, readout))
     sources, rays, depths = _rig(net)
     with torch.inference_mode():
         expected = net(rays, depths, sources)
@@ -256,7 +238,7 @@ def test_bf16_rendering_is_close_to_the_network_and_finite(kind, kernel_forms, r
     The worst ray is one whose read-out sits near a tie between samples, where a rounding moves the pooled
     colour: 0.13 seen for Pola-GNT's quick read-out in the PyTorch forms on an AVX2 CPU (AMD EPYC Milan,
     where `F.linear` rounds bias and activation separately), 0.05-0.09 elsewhere."""
-    net = _net(kind, **_readout(request, readout))
+    net = perturbed_quick_net(kind, **_readout(request, readout))
     sources, rays, depths = _rig(net)
     with torch.inference_mode():
         expected = net(rays, depths, sources)
@@ -274,7 +256,7 @@ def test_bf16_rendering_is_close_to_the_network_and_finite(kind, kernel_forms, r
 def test_an_image_renders_the_same_pixels_in_any_chunks(precision):
     """Why `render.chunk_rays` is the machine's choice (`runs.config.stored.COMMAND_SECTIONS`), not the
     checkpoint's: the rays per pass change no pixel, in either precision."""
-    net = _net("gnt")
+    net = perturbed_quick_net("gnt")
     sources, _, _ = _rig(net)
     network = render_network(net, resolve_render_precision(precision, torch.device("cpu")))
     intrinsics, sampler = sources.intrinsics[0], DepthSampler(16)
@@ -392,7 +374,7 @@ def test_the_bf16_kernels_take_no_gradients():
 def test_an_autocast_around_the_bf16_network_changes_nothing():
     """A bf16-mixed trainer's test phase renders under autocast: the fast network keeps its own
     precision (fp32 geometry and projections, its encoder's autocast), so the pixels are those without."""
-    net = _net("pola_gnt")
+    net = perturbed_quick_net("pola_gnt")
     sources, rays, depths = _rig(net)
     fast = FastRenderNetwork(net, torch.bfloat16)
     with torch.inference_mode():

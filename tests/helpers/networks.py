@@ -1,0 +1,39 @@
+"""Networks and source views with random values, for the tests of the render paths: the quick preset's
+network with its zero-initialised read-out perturbed (so that the learned colour and scores matter), and
+random source images around an identity target camera."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from pola_gnt.model.gnt import GNT, SourceViews
+from pola_gnt.runs.config.app import compose_config
+from pola_gnt.runs.config.read import read_run_settings
+
+
+def perturbed_quick_net(kind: str = "pola_gnt", seed: int = 0, **overrides) -> GNT:
+    """The quick preset's network of `kind` (`model=kind`) with `overrides` of its settings, random weights
+    from `seed`, its read-out (and learned view blend) perturbed by 0.2 standard deviations; in eval mode."""
+    settings = read_run_settings(compose_config(f"model={kind}", "experiment=quick", "trainer=cpu")).model.net
+    torch.manual_seed(seed)
+    net = GNT(replace(settings, **overrides)).eval()
+    with torch.no_grad():
+        perturbed = [*net.readout.parameters(), *(net.view_blend.parameters() if net.view_blend else [])]
+        for parameter in perturbed:
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    return net
+
+
+def random_source_views(net: GNT, height: int, width: int, views: int, seed: int) -> tuple[SourceViews, Tensor]:
+    """`views` random images of `height` x `width` from cameras facing the identity target's way, shifted
+    sideways at random (from `seed`), encoded by `net`; and their shared intrinsics `[3, 3]`."""
+    generator = torch.Generator().manual_seed(seed)
+    intrinsics = torch.tensor([[0.8 * width, 0.0, width / 2], [0.0, 0.8 * width, height / 2], [0.0, 0.0, 1.0]])
+    c2w = torch.eye(4).repeat(views, 1, 1)
+    c2w[:, :2, 3] = (torch.rand(views, 2, generator=generator) - 0.5) * 1.2
+    images = torch.rand(views, 3, height, width, generator=generator)
+    with torch.no_grad():
+        return net.source_views(images, c2w, intrinsics.expand(views, 3, 3).clone()), intrinsics
