@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers.kernel_calls import count_kernel_calls
+from helpers.networks import perturbed_quick_net
 
 from pola_gnt.geometry.projection import pixels_to_grid, project_points, relative_directions
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays, points_along_rays
@@ -28,7 +29,6 @@ from pola_gnt.model.consistency_prior import (
 from pola_gnt.model.gnt import GNT, SourceViews, gather_source_samples, source_colour_statistics
 from pola_gnt.model.sampler import sample_depths
 from tests.helpers.config import net_settings
-from tests.test_render_precision import _net
 
 pytestmark = pytest.mark.skipif(not render_kernels.available(), reason="no C++ compiler for the render kernels")
 
@@ -236,7 +236,7 @@ def test_a_network_at_a_working_size_renders_twice_the_resolution_as_it_renders_
     control). What still differs with it: the colours are read at the full resolution, and the working
     image is an area mean, a quarter of a base pixel off the base photo's samples (as LLFF's images_8 are
     off its images_4)."""
-    net = _net("pola_gnt", **SHIPPED_READOUT).eval()
+    net = perturbed_quick_net("pola_gnt", **SHIPPED_READOUT).eval()
     rays = pixel_rays(
         torch.eye(4), torch.tensor([[58.0, 0.0, 32.0], [0.0, 58.0, 24.0], [0.0, 0.0, 1.0]]), pixel_grid(48, 64)
     )
@@ -261,7 +261,7 @@ def test_the_prior_kept_per_image_is_the_prior_of_the_set(lpips_alex_weights, wo
     """`GNT.prior_image` of each view, kept (`PriorImageCache`) and given to a set of views
     (`SourceViews.keep_prior_images`), is what the set computes itself, bit for bit: the pyramid and the
     features are per image, and the features' projection comes from the set's summed moments."""
-    net = _net("pola_gnt", **SHIPPED_READOUT, working_size=working_size, encoder_input_scale=1.0)
+    net = perturbed_quick_net("pola_gnt", **SHIPPED_READOUT, working_size=working_size, encoder_input_scale=1.0)
     net.consistency_features = ConsistencyFeatures(2, str(lpips_alex_weights), dims=16)
     images = torch.rand(5, 3, 40, 64, generator=torch.Generator().manual_seed(9))
     cameras = torch.eye(4).repeat(5, 1, 1), torch.eye(3).repeat(5, 1, 1)

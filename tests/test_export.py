@@ -320,12 +320,13 @@ def test_bad_input_is_one_error_line(tmp_path, tiny_checkpoint, monkeypatch):
 def test_render_rays_gives_the_read_outs_peak_weight():
     """`render_rays(peak_weights=)`: per ray the largest of the read-out's weights, as the network's own
     forward gives them, in ray order whatever the chunks and workers; colour and depth unchanged."""
+    from helpers.networks import perturbed_quick_net, random_target_rig
+
     from pola_gnt.model.renderer import render_rays
     from pola_gnt.model.sampler import DepthSampler
-    from tests.test_render_precision import _net, _rig
 
-    net = _net("pola_gnt")
-    sources, rays, _ = _rig(net)
+    net = perturbed_quick_net("pola_gnt")
+    sources, rays, _ = random_target_rig(net)
     sampler, depth_range = DepthSampler(16), (1.0, 12.0)
     with torch.inference_mode():
         direct = net(rays, sampler(rays, depth_range), sources)

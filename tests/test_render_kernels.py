@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers.kernel_calls import count_kernel_calls
+from helpers.networks import perturbed_quick_net, random_target_rig
 from torch import nn
 
 from pola_gnt.attention.modules import SoftmaxRayAttention, SubtractionViewAttention, keys_values_with_directions
@@ -26,7 +27,6 @@ from pola_gnt.model.render_memory import bytes_per_ray, render_workers
 from pola_gnt.model.renderer import RenderCancelled, chunk_threads, render_image, render_rays, tile_order
 from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.model.settings import RenderSettings
-from tests.test_render_precision import _net, _rig
 
 pytestmark = pytest.mark.skipif(not render_kernels.available(), reason="no C++ compiler for the render kernels")
 
@@ -216,7 +216,7 @@ def test_the_softmax_ray_attention_kernel_equals_the_module(kernel_calls, dtype,
 def test_every_blocks_keys_and_values_in_one_matmul():
     """`ViewKeysValues` against `keys_values_with_directions` block by block (fp32, 1e-5)."""
     for kind in ("pola_gnt", "gnt"):
-        net = _net(kind, n_blocks=3)
+        net = perturbed_quick_net(kind, n_blocks=3)
         generator = torch.Generator().manual_seed(7)
         view_tokens = torch.randn(50, 4, 32, generator=generator)
         rel_dirs = torch.randn(50, 4, 4, generator=generator)
@@ -238,8 +238,8 @@ def test_every_blocks_keys_and_values_in_one_matmul():
 def test_chunks_rendered_at_once_give_the_same_pixels(kernel_calls, fast):
     """Each chunk is computed as it would be alone, on one thread: workers change no pixel (fp32
     network and bf16 fast network), and the caller's thread count comes back afterwards."""
-    net = _net("pola_gnt")
-    sources, rays, _ = _rig(net)
+    net = perturbed_quick_net("pola_gnt")
+    sources, rays, _ = random_target_rig(net)
     network = FastRenderNetwork(net) if fast else net
     threads = torch.get_num_threads()
     progress: list[tuple[int, int]] = []
@@ -265,8 +265,8 @@ def test_tiles_cover_every_pixel_once_in_squares():
 def test_an_image_rendered_in_tiles_is_the_image_in_row_order(fast):
     """`render_image` renders square tiles of the image (several chunks at once here, the last tiles
     partial): the pixels of rendering the rays in row order, bit for bit (fp32 network and bf16 network)."""
-    net = _net("pola_gnt")
-    sources, rays, _ = _rig(net)  # the rig's rays: every pixel of its 40 x 48 image, row by row
+    net = perturbed_quick_net("pola_gnt")
+    sources, rays, _ = random_target_rig(net)  # the rig's rays: every pixel of its 40 x 48 image, row by row
     network = FastRenderNetwork(net) if fast else net
     intrinsics = torch.tensor([[0.8 * 48, 0.0, 24.0], [0.0, 0.8 * 48, 20.0], [0.0, 0.0, 1.0]])
     rows = render_rays(network, rays, sources, (1.0, 12.0), DepthSampler(16), 100)
@@ -284,8 +284,8 @@ def test_work_done_ahead_of_a_render_runs_on_a_chunks_threads(monkeypatch):
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        net = _net("gnt")
-        sources, rays, _ = _rig(net)
+        net = perturbed_quick_net("gnt")
+        sources, rays, _ = random_target_rig(net)
         seen = []
         forward = type(net).forward
 
@@ -306,8 +306,8 @@ def test_work_done_ahead_of_a_render_runs_on_a_chunks_threads(monkeypatch):
 
 
 def test_a_cancelled_render_stops_between_chunks():
-    net = _net("gnt")
-    sources, rays, _ = _rig(net)
+    net = perturbed_quick_net("gnt")
+    sources, rays, _ = random_target_rig(net)
     asked = []
 
     def cancelled() -> bool:
@@ -321,7 +321,7 @@ def test_a_cancelled_render_stops_between_chunks():
 
 
 def test_the_worker_count_follows_the_threads_and_the_memory_budget():
-    settings = _net("pola_gnt").settings
+    settings = perturbed_quick_net("pola_gnt").settings
     render = RenderSettings(n_samples=32, chunk_rays=1024, max_memory_mb=None, precision="auto", workers=None)
     cpu = torch.device("cpu")
     assert render_workers(render, settings, 4, 1024, cpu) == torch.get_num_threads()

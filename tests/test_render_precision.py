@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.kernel_calls import count_kernel_calls
-from helpers.networks import perturbed_quick_net, random_source_views
+from helpers.networks import perturbed_quick_net, random_target_rig
 
 from pola_gnt.attention import cpu_extension
 from pola_gnt.attention.ray.cpu_form import samples_conv_cpu
@@ -21,10 +21,10 @@ from pola_gnt.attention.reference import polarity_attention_reference
 from pola_gnt.attention.view.op import polarity_view_attention
 from pola_gnt.core.errors import UserError
 from pola_gnt.geometry.rays import pixel_grid, pixel_rays
-from pola_gnt.model import GNT, inference, render_kernels
+from pola_gnt.model import inference, render_kernels
 from pola_gnt.model.inference import FastRenderNetwork, render_network, resolve_render_precision
 from pola_gnt.model.renderer import render_image
-from pola_gnt.model.sampler import DepthSampler, sample_depths
+from pola_gnt.model.sampler import DepthSampler
 from pola_gnt.runs.config.app import compose_config
 from pola_gnt.runs.config.read import read_run_settings
 
@@ -90,14 +90,6 @@ def test_a_misspelt_precision_is_one_error_line():
 
 # --------------------------------------------------------------------------------------------------
 # The fast network: the same function as the GNT
-
-
-def _rig(net: GNT, height: int = 40, width: int = 48, views: int = 4):
-    """Source views around a target camera; the rays of the target cover the whole image, so some
-    samples fall outside some views (and some outside every view) near the borders."""
-    sources, intrinsics = random_source_views(net, height, width, views, seed=1)
-    rays = pixel_rays(torch.eye(4), intrinsics, pixel_grid(height, width))
-    return sources, rays, sample_depths(1.0, 12.0, len(rays), 24, jitter=False)
 
 
 READOUTS = {
@@ -171,7 +163,7 @@ def test_the_moved_computations_equal_the_network_in_fp32(kind, readout, request
     over 4 blur levels, the source colour without the learned residual, the source colour weighted by
     the views' angles, the feature consistency, the learned scores bounded)."""
     net = perturbed_quick_net(kind, **_readout(request, readout))
-    sources, rays, depths = _rig(net)
+    sources, rays, depths = random_target_rig(net)
     with torch.inference_mode():
         expected = net(rays, depths, sources)
         got = FastRenderNetwork(net, torch.float32)(rays, depths, sources)
@@ -239,7 +231,7 @@ def test_bf16_rendering_is_close_to_the_network_and_finite(kind, kernel_forms, r
     colour: 0.13 seen for Pola-GNT's quick read-out in the PyTorch forms on an AVX2 CPU (AMD EPYC Milan,
     where `F.linear` rounds bias and activation separately), 0.05-0.09 elsewhere."""
     net = perturbed_quick_net(kind, **_readout(request, readout))
-    sources, rays, depths = _rig(net)
+    sources, rays, depths = random_target_rig(net)
     with torch.inference_mode():
         expected = net(rays, depths, sources)
         got = FastRenderNetwork(net, torch.bfloat16)(rays, depths, sources)
@@ -257,7 +249,7 @@ def test_an_image_renders_the_same_pixels_in_any_chunks(precision):
     """Why `render.chunk_rays` is the machine's choice (`runs.config.stored.COMMAND_SECTIONS`), not the
     checkpoint's: the rays per pass change no pixel, in either precision."""
     net = perturbed_quick_net("gnt")
-    sources, _, _ = _rig(net)
+    sources, _, _ = random_target_rig(net)
     network = render_network(net, resolve_render_precision(precision, torch.device("cpu")))
     intrinsics, sampler = sources.intrinsics[0], DepthSampler(16)
     images = [
@@ -375,7 +367,7 @@ def test_an_autocast_around_the_bf16_network_changes_nothing():
     """A bf16-mixed trainer's test phase renders under autocast: the fast network keeps its own
     precision (fp32 geometry and projections, its encoder's autocast), so the pixels are those without."""
     net = perturbed_quick_net("pola_gnt")
-    sources, rays, depths = _rig(net)
+    sources, rays, depths = random_target_rig(net)
     fast = FastRenderNetwork(net, torch.bfloat16)
     with torch.inference_mode():
         encoded = fast.source_views(sources.images, sources.c2w, sources.intrinsics)

@@ -9,7 +9,9 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from pola_gnt.geometry.rays import Rays, pixel_grid, pixel_rays
 from pola_gnt.model.gnt import GNT, SourceViews
+from pola_gnt.model.sampler import sample_depths
 from pola_gnt.runs.config.app import compose_config
 from pola_gnt.runs.config.read import read_run_settings
 
@@ -37,3 +39,14 @@ def random_source_views(net: GNT, height: int, width: int, views: int, seed: int
     images = torch.rand(views, 3, height, width, generator=generator)
     with torch.no_grad():
         return net.source_views(images, c2w, intrinsics.expand(views, 3, 3).clone()), intrinsics
+
+
+def random_target_rig(
+    net: GNT, height: int = 40, width: int = 48, views: int = 4, seed: int = 1
+) -> tuple[SourceViews, Rays, Tensor]:
+    """`random_source_views` around the identity target camera, the target's rays through every pixel and
+    their fixed depth samples (24, from 1 to 12): near the borders some samples fall outside some views,
+    and some outside every view."""
+    sources, intrinsics = random_source_views(net, height, width, views, seed)
+    rays = pixel_rays(torch.eye(4), intrinsics, pixel_grid(height, width))
+    return sources, rays, sample_depths(1.0, 12.0, len(rays), 24, jitter=False)
