@@ -21,8 +21,8 @@ if os.environ.get("POLA_GNT_CHECK_SHAPES") == "1":
 __version__ = "0.1.0"
 
 # The Python API (`pola_gnt.api`, docs/python_api.md), imported on first use of one of its names:
-# `import pola_gnt` itself stays cheap (no torch, no Lightning). The one list of its names:
-# `pola_gnt.api.__all__` is this list.
+# `import pola_gnt` itself stays cheap (no torch, no Lightning). `pola_gnt.api.__all__` holds the same
+# names (tests/test_api.py).
 API_NAMES = (
     "Camera",
     "Evaluation",

@@ -25,7 +25,6 @@ Every function here is a layer over what a command does, with nothing computed d
 Bad input raises the commands' one-line `UserError` (`pola_gnt.core.errors`); nothing here exits.
 """
 
-from pola_gnt import API_NAMES
 from pola_gnt.api.core import (
     Camera,
     Evaluation,
@@ -41,4 +40,19 @@ from pola_gnt.api.core import (
     load_scene,
 )
 
-__all__ = list(API_NAMES)
+# The names `pola_gnt.API_NAMES` resolves lazily; this module does not read that list (importing the
+# package from here would be a circle). tests/test_api.py checks that the two agree.
+__all__ = [
+    "Camera",
+    "Evaluation",
+    "Model",
+    "PointCloud",
+    "Progress",
+    "RenderCancelled",
+    "Rendering",
+    "Scene",
+    "UserError",
+    "fine_tune",
+    "load_model",
+    "load_scene",
+]
