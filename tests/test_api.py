@@ -149,7 +149,8 @@ def test_render_of_any_camera_with_progress_and_cancel(model, demo):
     told: list[tuple[int, int]] = []
     rendering = model.render(demo, c2w[:3].numpy(), intrinsics.tolist(), (24, 32), progress=lambda *a: told.append(a))
     assert rendering.rgb.shape == (24, 32, 3) and rendering.depth.shape == rendering.confidence.shape == (24, 32)
-    assert told[-1] == (24 * 32, 24 * 32)
+    passes = 2 if model.settings.model.net.uses_neighbours else 1  # the prior's neighbours: two passes
+    assert told[-1] == (passes * 24 * 32, passes * 24 * 32) and len(told) > 1
     assert rendering.sources == frame_source_views(demo.data, c2w, 3)
     rgb, depth, confidence = rendering.numpy()
     assert rgb.min() >= 0 and rgb.max() <= 1 and np.isfinite(depth).all()
@@ -206,7 +207,8 @@ def test_fine_tune_writes_a_training_run_and_returns_its_model(model, demo, tmp_
     run_dir = tmp_path / "run"
     tuned = pola_gnt.fine_tune(
         model, demo, minutes=1, steps=2, run_dir=run_dir,
-        overrides=[*SMALL, "data.rays_per_step=32", "trainer.val_check_interval=2", "trainer.log_every_n_steps=1"],
+        overrides=[*SMALL, "data.rays_per_step=32", "data.ray_patch_size=4", "trainer.val_check_interval=2",
+                   "trainer.log_every_n_steps=1"],
     )  # fmt: skip
     assert tuned.path == run_dir / "checkpoints" / "last.ckpt" and tuned.step == 2 and tuned.name == "pola_gnt"
     metrics = read_metrics(run_dir)

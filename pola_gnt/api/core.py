@@ -432,8 +432,9 @@ class Model:
         `Camera` (`scene.camera(view)`, `Camera.of(...)`), or a `c2w` (3x4 / 4x4) with `intrinsics`
         (3x3) and `size` (height, width). A scene's image renders as `eval` renders a test view, from
         its nearest training views but itself; a camera of its own as a video frame, from its nearest
-        training views. `progress(rays done, rays)` after each chunk; returning False cancels
-        (`RenderCancelled`)."""
+        training views. `progress(rays done, rays)` after each chunk, counting both passes of a network
+        whose prior aggregates over neighbouring rays (`model.net.readout_neighbour_windows`: twice the
+        pixels in all); returning False cancels (`RenderCancelled`)."""
         run = self._run(scene.overrides)
         if isinstance(camera, Camera):
             chosen = camera

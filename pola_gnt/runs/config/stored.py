@@ -279,7 +279,8 @@ def checkpoint_to_resume(cfg: DictConfig, run_dir: Path) -> ResumePoint | None:
 
 # What a fine-tuning run takes from the checkpoint it starts from, unless the command line sets it: the
 # network (its weights' shapes and how they render) and the source views it was trained to read.
-INHERITED_BY_FINETUNING = ("model.net", "data.num_source_views")
+# The rays' patches go with the network: they are how its prior's neighbours see rays in training.
+INHERITED_BY_FINETUNING = ("model.net", "data.num_source_views", "data.ray_patch_size")
 
 
 def inherit_initial_network(cfg: DictConfig, overrides: Sequence[str], run_dir: Path) -> None:
